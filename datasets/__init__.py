@@ -1,0 +1,74 @@
+"""Domain adapters: turn on-disk data into uint8 image arrays (N, C, H, W) with fixed splits.
+
+`load_dataset("KIND[:PATH]", height=, width=, channels=)` is the single entry point used by
+train.py (`--data KIND:PATH`), sample.py and the evaluation CLI. Each adapter module exposes
+`load(path, *, height, width, channels, seed, skip_bad, **opts) -> ImageSplits`.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from imggen.errors import DataError
+
+# kind -> (module, needs_path)
+ADAPTERS = {
+    "molecules": ("imggen.datasets.molecules", False),  # no path: the shipped MOSES sample
+    "brats": ("imggen.datasets.brats", True),
+    "brats-demo": ("imggen.datasets.brats", False),  # shipped MNI152 slices + synthetic lesion masks
+    "cifar": ("imggen.datasets.cifar", True),
+    "folder": ("imggen.datasets.folder", True),
+}
+
+
+@dataclass
+class ImageSplits:
+    """uint8 images (N, C, H, W) per split; optional per-split extras.
+
+    masks: bool (N, 1, H, W) per split, True = region to inpaint (BraTS inpainting data).
+    meta:  per-split lists, e.g. meta["smiles"]["test"][i] is the SMILES drawn in test[i].
+    """
+
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+    masks: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, dict[str, list]] = field(default_factory=dict)
+    info: dict = field(default_factory=dict)  # free-form: counts of skipped items, source, licence
+
+    def split(self, name: str) -> np.ndarray:
+        if name not in ("train", "val", "test"):
+            raise DataError(f"unknown split {name!r}; use train, val or test")
+        return getattr(self, name)
+
+
+def parse_spec(spec: str) -> tuple[str, str | None]:
+    kind, _, path = spec.partition(":")
+    if kind not in ADAPTERS:
+        raise DataError(f"unknown data kind {kind!r} in --data {spec!r}; choose one of {', '.join(ADAPTERS)}")
+    needs_path = ADAPTERS[kind][1]
+    if needs_path and not path:
+        raise DataError(f"--data {kind} needs a path: --data {kind}:PATH")
+    return kind, (path or None)
+
+
+def load_dataset(spec: str, *, height: int, width: int, channels: int, seed: int = 0,
+                 skip_bad: bool = False, **opts) -> ImageSplits:
+    kind, path = parse_spec(spec)
+    module = importlib.import_module(ADAPTERS[kind][0])
+    if kind == "brats-demo":
+        return module.load_demo(height=height, width=width, channels=channels, seed=seed, **opts)
+    return module.load(path, height=height, width=width, channels=channels, seed=seed,
+                       skip_bad=skip_bad, **opts)
+
+
+def split_indices(n: int, seed: int, fractions=(0.9, 0.05, 0.05)) -> dict[str, np.ndarray]:
+    """Deterministic shuffled split of range(n) into train/val/test (val/test get >= 1 item when n >= 3)."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n)
+    n_val = max(1 if n >= 3 else 0, int(round(n * fractions[1])))
+    n_test = max(1 if n >= 3 else 0, int(round(n * fractions[2])))
+    return {"val": np.sort(order[:n_val]), "test": np.sort(order[n_val:n_val + n_test]),
+            "train": np.sort(order[n_val + n_test:])}

@@ -1,0 +1,25 @@
+"""Errors with messages that name the file/argument and the fix."""
+
+
+class ImggenError(Exception):
+    """Base class for every error the toolkit raises on bad input."""
+
+
+class ConfigError(ImggenError, ValueError):
+    """A bad configuration value or flag."""
+
+
+class ShapeError(ImggenError, ValueError):
+    """An image/tensor of the wrong shape, dtype or value range."""
+
+
+class DataError(ImggenError, ValueError):
+    """A dataset file that is missing, corrupt or in an unexpected format."""
+
+
+class CheckpointError(ImggenError):
+    """A checkpoint that is missing, corrupt, or from a different config."""
+
+
+class TrainingError(ImggenError, RuntimeError):
+    """Training cannot continue (e.g. NaN loss)."""
