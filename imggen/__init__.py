@@ -1,2 +1,23 @@
-"""imggen: autoregressive image generation with causal sparse attention."""
-from imggen.patterns import make_pattern  # noqa: F401
+"""imggen: autoregressive image generation with causal sparse attention.
+
+The public API (DESIGN.md) is resolved lazily so that `import imggen.datasets` or
+`import imggen.eval` does not pull in the model code.
+"""
+import importlib
+
+_API = {
+    "make_pattern": "imggen.patterns",
+    "sparse_attention": "imggen.sparse_attention",
+    "load_model": "imggen.checkpoint",
+    "teacher_force": "imggen.sampling",
+    "sample": "imggen.sampling",
+    "detokenize": "imggen.sampling",
+}
+
+__all__ = list(_API)
+
+
+def __getattr__(name):
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'imggen' has no attribute {name!r}")
