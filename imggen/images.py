@@ -1,0 +1,53 @@
+"""Reading and writing images (PNG grids, single images) with clear errors."""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from imggen.errors import DataError
+
+
+def make_grid(images: np.ndarray, nrow: int | None = None, pad: int = 2, value: int = 128) -> np.ndarray:
+    """uint8 (B, C, H, W) -> uint8 (H', W', C) grid with `pad` pixels of `value` between cells."""
+    images = np.asarray(images)
+    b, c, h, w = images.shape
+    nrow = nrow or max(1, math.ceil(math.sqrt(b)))
+    rows = math.ceil(b / nrow)
+    grid = np.full((rows * (h + pad) + pad, nrow * (w + pad) + pad, c), value, dtype=np.uint8)
+    for i in range(b):
+        r, col = divmod(i, nrow)
+        y, x = pad + r * (h + pad), pad + col * (w + pad)
+        grid[y:y + h, x:x + w] = images[i].transpose(1, 2, 0)
+    return grid
+
+
+def save_image(array_hwc: np.ndarray, path: str, scale: int = 1) -> None:
+    """Save uint8 (H, W, C) as PNG (atomically: temp file + rename)."""
+    a = array_hwc[..., 0] if array_hwc.shape[-1] == 1 else array_hwc
+    img = Image.fromarray(np.ascontiguousarray(a))
+    if scale > 1:
+        img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    img.save(tmp, format="PNG")
+    os.replace(tmp, path)
+
+
+def save_grid(images, path: str, nrow: int | None = None, scale: int = 1) -> None:
+    save_image(make_grid(np.asarray(images), nrow), path, scale)
+
+
+def load_image(path: str, channels: int) -> np.ndarray:
+    """PNG/JPEG -> uint8 (C, H, W) with C = channels (grayscale or RGB conversion)."""
+    if not os.path.exists(path):
+        raise DataError(f"image file {path} does not exist")
+    try:
+        with Image.open(path) as img:
+            img = img.convert("L" if channels == 1 else "RGB")
+            a = np.asarray(img, dtype=np.uint8)
+    except (UnidentifiedImageError, OSError) as e:
+        raise DataError(f"cannot read image {path}: {e}") from None
+    return a[None] if a.ndim == 2 else a.transpose(2, 0, 1).copy()
