@@ -5,16 +5,18 @@ The public API (DESIGN.md) is resolved lazily so that `import imggen.datasets` o
 """
 import importlib
 
+# The function shadows its module's name on the package, so bind it eagerly.
+from imggen.sparse_attention import sparse_attention  # noqa: E402,F401
+
 _API = {
     "make_pattern": "imggen.patterns",
-    "sparse_attention": "imggen.sparse_attention",
     "load_model": "imggen.checkpoint",
     "teacher_force": "imggen.sampling",
     "sample": "imggen.sampling",
     "detokenize": "imggen.sampling",
 }
 
-__all__ = list(_API)
+__all__ = ["sparse_attention", *_API]
 
 
 def __getattr__(name):

@@ -203,7 +203,7 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
         opt.step()
         step += 1
-        bpd = float(loss) / LN2
+        bpd = float(loss.detach()) / LN2
         bar.update(1)
         if step % t.log_every == 0 or step == t.steps:
             now = time.time()
