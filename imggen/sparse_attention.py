@@ -124,16 +124,184 @@ def blocked_probs(q, k, pattern: Pattern, block: int = DEFAULT_BLOCK):
     return p, gather
 
 
+class _Windows:
+    """Per-query-block key windows of one (batch, head) slice, and their transpose (fold).
+
+    Band: window of block b = rows [b*Bq - P, b*Bq + Bq) of the left-padded keys, a strided view
+    (no copy); the band rule is one relative bias shared by every block (the first m-1 blocks also
+    mask the left padding). Other patterns: the layout's key blocks gathered with index_select and
+    a per-block bias; the fold is index_add_.
+    """
+
+    def __init__(self, pattern: Pattern, n: int, heads: int, block: int, dtype, device):
+        self.block, self.nqb = block, math.ceil(n / block)
+        self.band = pattern.name == "band"
+        if self.band:
+            self.m = math.ceil((pattern.window - 1) / block) + 1
+            self.lpad, self.rows = (self.m - 1) * block, (self.nqb + self.m - 1) * block
+            rel, self.first = _band_bias(pattern.window, block, self.m, dtype, str(device))
+            self.bias = lambda head: rel  # broadcast over blocks; `first` patches blocks < m-1
+        else:
+            index, bias, self.m, self.hl = _plan(pattern, n, heads, block, str(device))
+            self.index = index.view(self.hl, self.nqb * self.m) % (self.nqb + 1)
+            self.lpad, self.rows = 0, (self.nqb + 1) * block
+            self._bias = bias.to(dtype)
+            self.bias = lambda head: self._bias[head % self.hl]
+        self.span = self.m * block
+
+    def pad(self, x):
+        """(B, H, n, D) -> (B*H, rows, D) with the padding the windows expect."""
+        b, h, n, d = x.shape
+        return F.pad(x, (0, 0, self.lpad, self.rows - self.lpad - n)).reshape(b * h, self.rows, -1)
+
+    def unpad(self, x, shape):
+        b, h, n, d = shape
+        return x.view(b, h, self.rows, d)[:, :, self.lpad:self.lpad + n]
+
+    def __call__(self, x, head):
+        """(rows, D) -> (nqb, span, D)."""
+        d = x.shape[-1]
+        if self.band:
+            return x.as_strided((self.nqb, self.span, d), (self.block * d, d, 1))
+        return x.view(-1, self.block, d).index_select(0, self.index[head % self.hl]).view(self.nqb, self.span, d)
+
+    def fold(self, dw, out, head):
+        """Add window gradients dw (nqb, span, D) back onto out (rows, D)."""
+        d = dw.shape[-1]
+        blocks = out.view(-1, self.block, d)
+        if self.band:
+            dw = dw.view(self.nqb, self.m, self.block, d)
+            for j in range(self.m):
+                blocks[j:j + self.nqb] += dw[:, j]
+        else:
+            blocks.index_add_(0, self.index[head % self.hl], dw.reshape(-1, self.block, d))
+
+
+def _pad_queries(x, nqb, block):
+    b, h, n, d = x.shape
+    return F.pad(x, (0, 0, 0, nqb * block - n)).reshape(b * h, nqb, block, d)
+
+
+def _probs(w: _Windows, q, kp, head, scale, out):
+    s = torch.baddbmm(w.bias(head), q, w(kp, head).transpose(1, 2), alpha=scale)
+    if w.band:
+        f = min(w.m - 1, w.nqb)
+        s[:f] += w.first[:f]
+    return torch.softmax(s, dim=-1, out=out)
+
+
+class _BlockedAttention(torch.autograd.Function):
+    """Softmax attention over each query block's key windows; probabilities saved for backward
+    (memory O(N * span), never N x N). Loops over (batch, head) slices."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pattern, block):
+        b, h, n, d = q.shape
+        w = _Windows(pattern, n, h, block, q.dtype, q.device)
+        scale = 1.0 / math.sqrt(d)
+        qp = _pad_queries(q, w.nqb, block)
+        kp, vp = w.pad(k), w.pad(v)
+        probs = q.new_empty(b * h, w.nqb, block, w.span)
+        out = q.new_empty(b * h, w.nqb, block, d)
+        for i in range(b * h):
+            _probs(w, qp[i], kp[i], i % h, scale, out=probs[i])
+            torch.bmm(probs[i], w(vp[i], i % h), out=out[i])
+        ctx.save_for_backward(qp, kp, vp, probs)
+        ctx.w, ctx.dims = w, (b, h, n, d, scale)
+        return out.view(b, h, -1, d)[:, :, :n]
+
+    @staticmethod
+    def backward(ctx, dout):
+        qp, kp, vp, probs = ctx.saved_tensors
+        w, (b, h, n, d, scale) = ctx.w, ctx.dims
+        do = _pad_queries(dout, w.nqb, w.block)
+        dq, dk, dv = torch.empty_like(qp), torch.zeros_like(kp), torch.zeros_like(vp)
+        for i in range(b * h):
+            p, kw = probs[i], w(kp[i], i % h)
+            dp = torch.bmm(do[i], w(vp[i], i % h).transpose(1, 2))
+            ds = torch._softmax_backward_data(dp, p, -1, p.dtype)
+            torch.bmm(ds, kw, out=dq[i])
+            w.fold(torch.bmm(ds.transpose(1, 2), qp[i]), dk[i], i % h)
+            w.fold(torch.bmm(p.transpose(1, 2), do[i]), dv[i], i % h)
+        dq.mul_(scale)
+        dk.mul_(scale)
+        shape = (b, h, n, d)
+        return dq.view(b, h, -1, d)[:, :, :n], w.unpad(dk, shape), w.unpad(dv, shape), None, None
+
+
+class _BlockedDiffusion(torch.autograd.Function):
+    """Diffuser: A = softmax on the sparse graph once (kept block-sparse, O(N * span) memory), then
+    Z(k+1) = (1 - alpha) A Z(k) + alpha V for `steps` steps, each a block-sparse product reusing A.
+    The backward runs the steps in reverse with A^T (the window fold) and ends in the softmax
+    backward. Z lives in the padded key layout so each step reads its windows directly."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pattern, block):
+        b, h, n, d = q.shape
+        w = _Windows(pattern, n, h, block, q.dtype, q.device)
+        scale, alpha = 1.0 / math.sqrt(d), pattern.alpha
+        qp = _pad_queries(q, w.nqb, block)
+        kp, vp = w.pad(k), w.pad(v)
+        probs = q.new_empty(b * h, w.nqb, block, w.span)
+        for i in range(b * h):
+            _probs(w, qp[i], kp[i], i % h, scale, out=probs[i])
+        zs = [vp]
+        for _ in range(pattern.steps):
+            z = zs[-1]
+            nz = vp * alpha
+            for i in range(b * h):
+                az = torch.bmm(probs[i], w(z[i], i % h)).view(-1, d)
+                nz[i, w.lpad:w.lpad + az.shape[0]].add_(az, alpha=1 - alpha)
+            zs.append(nz)
+        ctx.save_for_backward(qp, kp, probs, *zs[:-1])
+        ctx.w, ctx.dims = w, (b, h, n, d, scale, alpha)
+        return w.unpad(zs[-1], (b, h, n, d))
+
+    @staticmethod
+    def backward(ctx, dout):
+        qp, kp, probs, *zs = ctx.saved_tensors
+        w, (b, h, n, d, scale, alpha) = ctx.w, ctx.dims
+        g = w.pad(dout.contiguous())
+        dvp = torch.zeros_like(g)
+        da = torch.zeros_like(probs)
+        rows = w.nqb * w.block
+        for z in reversed(zs):  # Z(k+1) = alpha V + (1 - alpha) A Z(k)
+            dvp.add_(g, alpha=alpha)
+            g_prev = torch.zeros_like(g)
+            for i in range(b * h):
+                gq = g[i, w.lpad:w.lpad + rows].view(w.nqb, w.block, d)
+                da[i].baddbmm_(gq, w(z[i], i % h).transpose(1, 2), alpha=1 - alpha)
+                w.fold(torch.bmm(probs[i].transpose(1, 2), gq), g_prev[i], i % h)
+            g = g_prev.mul_(1 - alpha)
+        dvp += g  # Z0 = V
+        dq, dk = torch.empty_like(qp), torch.zeros_like(kp)
+        for i in range(b * h):
+            ds = torch._softmax_backward_data(da[i], probs[i], -1, probs.dtype)
+            torch.bmm(ds, w(kp[i], i % h), out=dq[i])
+            w.fold(torch.bmm(ds.transpose(1, 2), qp[i]), dk[i], i % h)
+        dq.mul_(scale)
+        dk.mul_(scale)
+        shape = (b, h, n, d)
+        return dq.view(b, h, -1, d)[:, :, :n], w.unpad(dk, shape), w.unpad(dvp, shape), None, None
+
+
+@functools.lru_cache(maxsize=32)
+def _band_bias(window: int, block: int, m: int, dtype, device: str):
+    """Relative band bias (1, Bq, m*Bq) shared by all blocks, and the left-padding fix for the first m-1."""
+    pad = (m - 1) * block
+    a = torch.arange(block)[:, None]
+    c = torch.arange(m * block)[None, :]
+    dist = a + pad - c  # i - j
+    rel = torch.zeros(block, m * block).masked_fill_((dist < 0) | (dist >= window), float("-inf"))
+    qb = torch.arange(max(m - 1, 1))[:, None, None]
+    first = torch.zeros(qb.shape[0], block, m * block).masked_fill_(c[None] < pad - qb * block, float("-inf"))
+    return rel[None].to(device, dtype), first.to(device, dtype)
+
+
 def blocked_attention(q, k, v, pattern: Pattern, block: int = DEFAULT_BLOCK) -> torch.Tensor:
     b, h, n, d = q.shape
     if pattern.name == "full":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    p, gather = blocked_probs(q, k, pattern, block)
-    if not pattern.is_diffusion:
-        return (p @ gather(v)).reshape(b, h, -1, d)[:, :, :n]
-    nqb = p.shape[2]
-    z = v
-    for _ in range(pattern.steps):
-        az = (p @ gather(z)).reshape(b, h, nqb * block, d)[:, :, :n]
-        z = (1 - pattern.alpha) * az + pattern.alpha * v
-    return z
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    fn = _BlockedDiffusion if pattern.is_diffusion else _BlockedAttention
+    return fn.apply(q, k, v, pattern, block)

@@ -1,0 +1,147 @@
+"""CPU attention benchmark: imggen `cpu` backend vs dense causal SDPA and FlexAttention, one run.
+
+    python bench/attention.py                      # N in {4096, 16384}, H=4, D=32
+    python bench/attention.py --n 4096 --reps 2    # quicker
+
+Forward and forward+backward wall time (median over reps, after a warm-up) and peak attention
+memory (peak RSS growth of a fresh subprocess running one forward+backward, inputs excluded).
+FlexAttention (torch.compile'd, same mask) is timed forward only: it has no CPU backward.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import imggen  # noqa: E402
+
+
+def patterns(n: int, window: int, radius: int) -> dict:
+    side = int(round(n ** 0.5))
+    return {
+        "band": imggen.make_pattern("band", window=window),
+        "local2d": imggen.make_pattern("local2d", height=side, width=n // side, channels=1, radius=radius),
+    }
+
+
+def inputs(n, h, d, seed=0, grad=True):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, h, n, d, generator=g).requires_grad_(grad) for _ in range(3)]
+
+
+def run(method: str, pat, q, k, v, backward: bool):
+    if method == "sdpa":
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        o = imggen.sparse_attention(q, k, v, pat, backend="cpu")
+    if backward:
+        o.backward(torch.ones_like(o))
+    return o
+
+
+def timeit(fn, reps: int) -> float:
+    fn()  # warm-up (plans, allocator)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def flex_forward(pat, n, h, d):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def mask_mod(b, hh, qi, kj):
+        return pat.allowed(qi, kj, 0)
+
+    bm = create_block_mask(mask_mod, 1, 1, n, n, device="cpu")
+    fa = torch.compile(flex_attention)
+    q, k, v = inputs(n, h, d, grad=False)
+
+    def fn():
+        with torch.no_grad():
+            fa(q, k, v, block_mask=bm)
+    return fn
+
+
+def peak_mb(method: str, kind: str, n: int, h: int, d: int, window: int, radius: int) -> float:
+    """Peak RSS growth (MB) of one forward+backward in a fresh process."""
+    code = f"""
+import resource, sys, torch
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+from attention import patterns, inputs, run
+torch.set_num_threads(torch.get_num_threads())
+pat = patterns({n}, {window}, {radius}).get({kind!r})
+q, k, v = inputs({n}, {h}, {d})
+small = inputs(256, {h}, {d})
+run({method!r}, patterns(256, {window}, {radius}).get({kind!r}), *small, True)  # load kernels
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+run({method!r}, pat, q, k, v, True)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, nargs="+", default=[4096, 16384])
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--dim", type=int, default=32)
+    ap.add_argument("--window", type=int, default=256)
+    ap.add_argument("--radius", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention (saves compile time)")
+    ap.add_argument("--json", help="also write the rows as JSON here")
+    args = ap.parse_args(argv)
+    h, d = args.heads, args.dim
+    rows = []
+    for n in args.n:
+        pats = patterns(n, args.window, args.radius)
+        sd_f = timeit(lambda: run("sdpa", None, *inputs(n, h, d, grad=False), False), args.reps)
+        sd_fb = timeit(lambda: run("sdpa", None, *inputs(n, h, d), True), args.reps)
+        rows.append(dict(n=n, method="dense causal SDPA", fwd=sd_f, fwdbwd=sd_fb,
+                         mem=peak_mb("sdpa", "band", n, h, d, args.window, args.radius)))
+        for kind, pat in pats.items():
+            qkv_ng, qkv = inputs(n, h, d, grad=False), inputs(n, h, d)
+            with torch.no_grad():
+                f = timeit(lambda: run("cpu", pat, *qkv_ng, False), args.reps)
+            fb = timeit(lambda: run("cpu", pat, *qkv, True), args.reps)
+            flex = None if args.no_flex else timeit(flex_forward(pat, n, h, d), args.reps)
+            rows.append(dict(n=n, method=f"imggen cpu {kind}", fwd=f, fwdbwd=fb, flex_fwd=flex,
+                             mem=peak_mb("cpu", kind, n, h, d, args.window, args.radius),
+                             vs_sdpa_fwdbwd=sd_fb / fb, vs_sdpa_fwd=sd_f / f,
+                             flex_over_ours_fwd=None if flex is None else f / flex))
+    print(f"\nCPU attention, H={h}, D={d}, band window {args.window}, local2d radius {args.radius} "
+          f"(square image of N pixels); {torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"{platform.processor() or platform.machine()}")
+    print("| N | method | fwd ms | fwd+bwd ms | peak MB | SDPA/ours fwd+bwd | SDPA/ours fwd | Flex fwd ms | ours/Flex fwd |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        def fmt(x, s="{:.2f}"):
+            return "-" if x is None else s.format(x)
+        print(f"| {r['n']} | {r['method']} | {r['fwd'] * 1e3:.1f} | {r['fwdbwd'] * 1e3:.1f} | {r['mem']:.0f} | "
+              f"{fmt(r.get('vs_sdpa_fwdbwd'), '{:.1f}x')} | {fmt(r.get('vs_sdpa_fwd'), '{:.1f}x')} | "
+              f"{fmt(r.get('flex_fwd') and r['flex_fwd'] * 1e3, '{:.1f}')} | {fmt(r.get('flex_over_ours_fwd'), '{:.2f}x')} |")
+    mems = {r["n"]: r["mem"] for r in rows if r["method"] == "imggen cpu band"}
+    if len(mems) >= 2:
+        lo, hi = min(mems), max(mems)
+        print(f"band peak memory N={hi} / N={lo}: {mems[hi] / max(mems[lo], 1e-9):.2f}x (N ratio {hi / lo:.0f}x)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
