@@ -1,0 +1,310 @@
+"""BraTS brain MRI -> 2-D axial slices (uint8), with optional inpainting masks.
+
+Layouts (one folder per case = patient/time point, directly under `path`; a single wrapper
+folder such as `MICCAI_BraTS2020_TrainingData/` is descended into):
+* BraTS 2020/2021: `<case>_t1.nii.gz`, `_t1ce`, `_t2`, `_flair`, `_seg` (also `.nii`).
+* BraTS 2023:      `<case>-t1n.nii.gz`, `-t1c`, `-t2w`, `-t2f`, `-seg`.
+* BraTS 2023 Local Synthesis (inpainting): `<case>-t1n-voided`, `-mask`, `-mask-healthy`,
+  `-mask-unhealthy` (+ `-t1n`, the ground truth, in the training set).
+File names are matched case-insensitively by their suffix; `_` and `-` are interchangeable.
+`modality` accepts both schemes: t1/t1n, t1ce/t1c, t2/t2w, flair/t2f; a comma list
+("t1,t2,flair") stacks modalities as channels (then channels must equal their number); one
+modality with channels=3 is replicated.
+
+Pipeline per case: nibabel load -> `nib.as_closest_canonical` (RAS+: array axes point to patient
+Right, Anterior, Superior; the voxel grid is not resampled - BraTS is 1 mm isotropic) ->
+intensity per volume: clip to the 0.5 / 99.5 percentiles of the brain voxels (> 0), scale to
+[0, 255] -> axial slices (last RAS axis, inferior to superior), slices where < 1% of the pixels
+are brain are dropped -> resize to (height, width): images bilinear (PIL, antialiased), masks
+nearest, on the same pixel grid -> uint8 (rounded).
+
+Image orientation (radiological convention, as clinical viewers show axial MRI):
+    row 0 = most anterior, last row = most posterior;
+    column 0 = patient RIGHT, last column = patient LEFT.
+i.e. image[r, c] = ras_slice[X-1-c, Y-1-r]; see `ras_slice_to_image` / `image_to_ras_slice`.
+
+Inpainting (`inpainting=True`): masks[split] bool (N, 1, H, W), True = to inpaint. Source:
+`-mask-healthy` (2023 inpainting training data, image = `-t1n` with the `-mask-unhealthy` tumour
+region set to 0 exactly as in the challenge input `-t1n-voided`, so the ground truth is known
+inside the mask and the tumour is never context), else `_seg` > 0 (tumour), else `-mask` (with
+the `-t1n-voided` image when no `-t1n` exists: the inference set). Slices
+with an empty mask are kept (filter with masks[s].any((1, 2, 3)) if needed).
+
+Splits are by patient (`split_indices` over all discovered patients, so a skipped bad case never
+moves another case between splits): a patient is a case folder, except that BraTS 2023 time
+points of one patient (`BraTS-GLI-00000-000`, `-001`) are grouped. No patient contributes slices
+to two splits.
+meta = {"case": {split: [...]}, "slice": {split: [axial index k in the RAS volume]}}.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+from imggen.datasets import ImageSplits, split_indices
+from imggen.errors import ConfigError, DataError
+
+MODALITIES = {"t1": "t1", "t1n": "t1", "t1ce": "t1ce", "t1c": "t1ce", "t1gd": "t1ce",
+              "t2": "t2", "t2w": "t2", "flair": "flair", "t2f": "flair"}
+# file-name suffix (lower case, '_' -> '-') -> role; first match wins
+SUFFIXES = [("t1n-voided", "voided"), ("t1-voided", "voided"), ("mask-healthy", "mask-healthy"),
+            ("healthy-mask", "mask-healthy"), ("mask-unhealthy", "mask-unhealthy"),
+            ("unhealthy-mask", "mask-unhealthy"), ("t1ce", "t1ce"), ("t1gd", "t1ce"), ("t1c", "t1ce"),
+            ("t1n", "t1"), ("t2w", "t2"), ("t2f", "flair"), ("flair", "flair"), ("seg", "seg"),
+            ("segm", "seg"), ("mask", "mask"), ("t1", "t1"), ("t2", "t2")]
+MIN_BRAIN_FRACTION = 0.01
+ORIENTATION = ("axial slices (last RAS axis, inferior->superior); row 0 = anterior, "
+               "column 0 = patient right (radiological)")
+HOW_TO_GET = ("BraTS data: register at https://www.synapse.org/brats (2021: syn25829067; 2023 inpainting: "
+              "syn51522870) and pass the folder holding one sub-folder per case")
+
+
+# ---------------------------------------------------------------- orientation
+def ras_slice_to_image(sl: np.ndarray) -> np.ndarray:
+    """RAS axial slice (X, Y) -> image (Y, X): anterior at the top, patient left on the right."""
+    return np.ascontiguousarray(sl[::-1, ::-1].T)
+
+
+def image_to_ras_slice(img: np.ndarray, shape_xy: tuple[int, int] | None = None) -> np.ndarray:
+    """Inverse of `ras_slice_to_image`; optionally resize (bilinear) back to the (X, Y) voxel grid."""
+    img = np.asarray(img, np.float32)
+    if shape_xy is not None:
+        img = _resize(img, shape_xy[1], shape_xy[0])
+    return np.ascontiguousarray(img.T[::-1, ::-1])
+
+
+def _resize(a: np.ndarray, h: int, w: int, nearest: bool = False) -> np.ndarray:
+    if a.shape == (h, w):
+        return a
+    if nearest:
+        im = Image.fromarray(a.astype(np.uint8) * 255).resize((w, h), Image.Resampling.NEAREST)
+        return np.asarray(im) > 127
+    im = Image.fromarray(a.astype(np.float32)).resize((w, h), Image.Resampling.BILINEAR)
+    return np.asarray(im)
+
+
+# ---------------------------------------------------------------- files
+def _role(file: Path) -> str | None:
+    name = file.name.lower()
+    for ext in (".nii.gz", ".nii"):
+        if name.endswith(ext):
+            stem = name[: -len(ext)].replace("_", "-")
+            for suffix, role in SUFFIXES:
+                if stem.endswith("-" + suffix) or stem == suffix:
+                    return role
+            return "unknown"
+    return None
+
+
+def _case_files(case: Path) -> dict[str, Path]:
+    files = {}
+    for f in sorted(case.iterdir()):
+        role = _role(f) if f.is_file() else None
+        if role and role != "unknown":
+            files.setdefault(role, f)
+    return files
+
+
+def read_volume(file: Path) -> np.ndarray:
+    """float32 (X, Y, Z) in RAS+ orientation; DataError naming the file if it cannot be read."""
+    import nibabel as nib
+
+    try:
+        img = nib.as_closest_canonical(nib.load(str(file)))
+        data = np.asarray(img.dataobj, dtype=np.float32)
+    except Exception as e:
+        raise DataError(f"{file}: not a readable NIfTI volume ({type(e).__name__}: {e}); re-download the "
+                        f"case or remove it (or pass skip_bad=True)") from None
+    if data.ndim == 4 and data.shape[-1] == 1:
+        data = data[..., 0]
+    if data.ndim != 3:
+        raise DataError(f"{file}: expected a 3-D volume, got shape {data.shape}")
+    return np.nan_to_num(data, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def normalise_volume(vol: np.ndarray, file="volume") -> np.ndarray:
+    """Robust per-volume scaling: clip to the 0.5/99.5 percentiles of brain voxels (> 0) -> [0, 255]."""
+    brain = vol > 0
+    if brain.sum() < 10:
+        raise DataError(f"{file}: volume has no brain voxels (all values <= 0)")
+    lo, hi = np.percentile(vol[brain], [0.5, 99.5])
+    if hi <= lo:  # (nearly) constant brain intensity: map brain to 255, background to 0
+        lo, hi = 0.0, max(hi, 1e-6)
+    return np.clip((vol - lo) / (hi - lo), 0.0, 1.0) * 255.0
+
+
+_TIMEPOINT = re.compile(r"^(brats-[a-z]+-\d+)-\d{3}$", re.IGNORECASE)
+
+
+def patient_id(case: str) -> str:
+    """BraTS 2023 folders are <patient>-<time point> (BraTS-GLI-00000-000 / -001): both time points
+    are one patient. Older layouts have one folder per patient."""
+    m = _TIMEPOINT.match(case)
+    return m.group(1) if m else case
+
+
+def _find_cases(root: Path) -> list[Path]:
+    if not root.is_dir():
+        raise DataError(f"BraTS folder {root} does not exist; {HOW_TO_GET}")
+    subdirs = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    if not subdirs and any(_role(f) for f in root.iterdir() if f.is_file()):
+        return [root]  # the path is a single case folder
+    if len(subdirs) == 1 and not any(_role(f) for f in subdirs[0].iterdir() if f.is_file()):
+        return _find_cases(subdirs[0])  # wrapper folder, e.g. MICCAI_BraTS2020_TrainingData/
+    if not subdirs:
+        raise DataError(f"BraTS folder {root} has no case sub-folders (one folder per case with "
+                        f"<case>_t1.nii.gz ... or <case>-t1n.nii.gz ...); {HOW_TO_GET}")
+    return subdirs
+
+
+def _parse_modalities(modality, channels: int) -> list[str]:
+    names = [m.strip().lower() for m in (modality.split(",") if isinstance(modality, str) else modality)]
+    bad = [m for m in names if m not in MODALITIES]
+    if bad or not names:
+        raise ConfigError(f"brats: unknown modality {bad or modality!r}; use {', '.join(MODALITIES)}")
+    mods = [MODALITIES[m] for m in names]
+    if len(mods) > 1 and len(mods) != channels:
+        raise ConfigError(f"brats: {len(mods)} modalities {mods} need channels={len(mods)}, got {channels}")
+    if len(mods) == 1 and channels not in (1, 3):
+        raise ConfigError(f"brats: channels={channels} with one modality; use 1 (or 3 = replicated)")
+    return mods
+
+
+def _load_case(case: Path, mods: list[str], height: int, width: int, channels: int, inpainting: bool):
+    files = _case_files(case)
+    if not files:
+        raise DataError(f"{case}: case folder has no BraTS NIfTI files (*_t1.nii.gz, *-t1n.nii.gz, ...); "
+                        f"remove the folder or pass skip_bad=True")
+    roles = list(mods)
+    voided = False
+    if mods == ["t1"] and "t1" not in files and "voided" in files:
+        roles, voided = ["voided"], True  # 2023 inpainting inference set: only the voided T1
+    missing = [r for r in roles if r not in files]
+    if missing:
+        raise DataError(f"{case}: no {'/'.join(missing)} file (looked for *_{missing[0]}.nii[.gz] and the "
+                        f"2023 names); found {sorted(f.name for f in files.values())}. Choose another "
+                        f"modality=... or pass skip_bad=True")
+    vols = [read_volume(files[r]) for r in roles]
+    mask = None
+    if inpainting:
+        order = ["mask"] if voided else ["mask-healthy", "seg", "mask"]
+        src = next((r for r in order if r in files), None)
+        if src is None:
+            raise DataError(f"{case}: inpainting=True needs a mask file (-mask-healthy, _seg or -mask); "
+                            f"found {sorted(f.name for f in files.values())}")
+        mask = read_volume(files[src]) > 0
+        if src == "mask-healthy" and "mask-unhealthy" in files:
+            # as in the challenge input (-t1n-voided): the tumour region is void, not context
+            unhealthy = read_volume(files["mask-unhealthy"]) > 0
+            if unhealthy.shape == vols[0].shape:
+                vols = [np.where(unhealthy, 0.0, v) for v in vols]
+    shapes = {v.shape for v in vols} | ({mask.shape} if mask is not None else set())
+    if len(shapes) != 1:
+        raise DataError(f"{case}: volumes have different shapes {sorted(shapes)} after RAS reorientation")
+    vols = [normalise_volume(v, files[r]) for v, r in zip(vols, roles)]
+    brain = np.any([v > 0 for v in vols], axis=0)
+    if mask is not None:
+        brain |= mask
+    keep = [k for k in range(brain.shape[2]) if brain[:, :, k].mean() >= MIN_BRAIN_FRACTION]
+    imgs = np.zeros((len(keep), len(vols), height, width), np.uint8)
+    masks = np.zeros((len(keep), 1, height, width), bool) if mask is not None else None
+    for i, k in enumerate(keep):
+        for c, v in enumerate(vols):
+            s = _resize(ras_slice_to_image(v[:, :, k]), height, width)
+            imgs[i, c] = np.clip(np.round(s), 0, 255).astype(np.uint8)
+        if masks is not None:
+            masks[i, 0] = _resize(ras_slice_to_image(mask[:, :, k]), height, width, nearest=True)
+    if len(vols) == 1 and channels == 3:
+        imgs = np.repeat(imgs, 3, axis=1)
+    return imgs, masks, keep
+
+
+def load(path, *, height: int, width: int, channels: int = 1, seed: int = 0, skip_bad: bool = False,
+         modality="t1", inpainting: bool = False, limit: int | None = None, **_) -> ImageSplits:
+    mods = _parse_modalities(modality, channels)
+    cases = _find_cases(Path(path).expanduser())
+    if limit is not None:
+        cases = cases[: int(limit)]
+    patients = sorted({patient_id(c.name) for c in cases})
+    split_of_patient = {patients[int(i)]: s for s, idx in split_indices(len(patients), seed).items() for i in idx}
+    split_of = [split_of_patient[patient_id(c.name)] for c in cases]
+    parts = {s: {"img": [], "mask": [], "case": [], "slice": []} for s in ("train", "val", "test")}
+    skipped = []
+    for i, case in enumerate(tqdm(cases, desc="BraTS cases", disable=None, leave=False)):
+        try:
+            imgs, masks, keep = _load_case(case, mods, height, width, channels, inpainting)
+        except DataError as e:
+            if not skip_bad:
+                raise
+            skipped.append(str(e))
+            continue
+        p = parts[split_of[i]]
+        p["img"].append(imgs)
+        p["mask"].append(masks)
+        p["case"] += [case.name] * len(keep)
+        p["slice"] += keep
+    if skipped:
+        warnings.warn(f"brats: skipped {len(skipped)} bad case(s); first: {skipped[0]}", stacklevel=2)
+    if len(skipped) == len(cases):
+        raise DataError(f"BraTS folder {path}: none of the {len(cases)} cases could be loaded")
+    out, masks = {}, {}
+    for s, p in parts.items():
+        out[s] = np.concatenate(p["img"]) if p["img"] else np.zeros((0, channels, height, width), np.uint8)
+        if inpainting:
+            masks[s] = np.concatenate(p["mask"]) if p["mask"] else np.zeros((0, 1, height, width), bool)
+    meta = {"case": {s: p["case"] for s, p in parts.items()}, "slice": {s: p["slice"] for s, p in parts.items()}}
+    info = {"source": f"BraTS ({path})", "modality": mods, "orientation": ORIENTATION,
+            "skipped": len(skipped), "skipped_items": skipped,
+            "cases": {s: sorted(set(p["case"])) for s, p in parts.items()},
+            "patients": {s: sorted({patient_id(c) for c in p["case"]}) for s, p in parts.items()}}
+    return ImageSplits(**out, masks=masks, meta=meta, info=info)
+
+
+# ---------------------------------------------------------------- shipped demo
+DEMO_FILE = Path(__file__).parent / "data" / "brats_demo.npz"
+DEMO_VARIANTS = ("orig", "flip", "gamma0.8", "gamma1.25")
+
+
+def load_demo(*, height: int, width: int, channels: int = 1, seed: int = 0, **_) -> ImageSplits:
+    """Shipped real brain slices: axial slices of the MNI152 (ICBM 2009a sym) T1 template.
+
+    Built by `datasets/make_brats_demo.py` (see data/README_brats_demo.md for source and licence).
+    Each stored slice has a synthetic lesion-like mask (seeded random ellipses inside the brain).
+    A "patient" is a slab of 8 neighbouring axial slices; each slice appears in 4 variants
+    (original, left-right flip, gamma 0.8, gamma 1.25) that belong to its slab's patient, so no
+    slice (nor its augmented copy, nor its immediate neighbours) is in two splits.
+    Always returns masks (inpainting targets). Same orientation as `load`.
+    """
+    if channels not in (1, 3):
+        raise ConfigError(f"brats-demo: channels={channels}; use 1 (or 3 = replicated)")
+    if not DEMO_FILE.exists():
+        raise DataError(f"{DEMO_FILE} missing; rebuild it with `python datasets/make_brats_demo.py`")
+    d = np.load(DEMO_FILE)
+    base, patient, zs = d["images"], d["patient"], d["z"]
+    bmask = np.unpackbits(d["masks"], axis=-1, count=base.shape[-1]).astype(bool)
+    imgs = np.stack([_resize(b.astype(np.float32), height, width) for b in base])
+    msk = np.stack([_resize(m, height, width, nearest=True) for m in bmask])
+    variants = {"orig": imgs, "flip": imgs[:, :, ::-1],
+                "gamma0.8": 255.0 * (imgs / 255.0) ** 0.8, "gamma1.25": 255.0 * (imgs / 255.0) ** 1.25}
+    vmasks = {"orig": msk, "flip": msk[:, :, ::-1], "gamma0.8": msk, "gamma1.25": msk}
+    patients = np.unique(patient)
+    out, masks, meta = {}, {}, {"case": {}, "slice": {}, "variant": {}}
+    for s, pidx in split_indices(len(patients), seed).items():
+        sel = np.flatnonzero(np.isin(patient, patients[pidx]))
+        x = np.concatenate([variants[v][sel] for v in DEMO_VARIANTS]) if len(sel) else np.zeros((0, height, width))
+        m = np.concatenate([vmasks[v][sel] for v in DEMO_VARIANTS]) if len(sel) else np.zeros((0, height, width), bool)
+        x = np.clip(np.round(x), 0, 255).astype(np.uint8)[:, None]
+        out[s] = np.repeat(x, channels, axis=1) if channels == 3 else x
+        masks[s] = m[:, None].copy()
+        meta["case"][s] = [f"mni152-slab{patient[i]:02d}" for v in DEMO_VARIANTS for i in sel]
+        meta["slice"][s] = [int(zs[i]) for v in DEMO_VARIANTS for i in sel]
+        meta["variant"][s] = [v for v in DEMO_VARIANTS for _ in sel]
+    return ImageSplits(**out, masks=masks, meta=meta,
+                       info={"source": "MNI152 ICBM 2009a symmetric T1 template (nilearn), synthetic masks",
+                             "licence": "see datasets/data/README_brats_demo.md", "orientation": ORIENTATION,
+                             "skipped": 0})
