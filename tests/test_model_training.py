@@ -251,3 +251,23 @@ def test_cli_bad_flag_is_one_line_exit_2(argv, msg):
                        cwd=os.path.dirname(os.path.dirname(__file__)))
     assert r.returncode == 2
     assert msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_torchrun_ddp_matches_single_process(tmp_path):
+    """Two gloo processes with half the batch each end at the weights of one process."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    common = ["--data", "brats-demo", "--model.height", "8", "--model.width", "8", "--model.dim", "16",
+              "--model.layers", "1", "--model.heads", "2", "--attention", "band", "--steps", "3",
+              "--batch-size", "4", "--limit", "16", "--train.eval_images", "4", "--train.sample_num", "2",
+              "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    single = subprocess.run([sys.executable, "train.py", *common, "--out", str(tmp_path / "one")],
+                            cwd=repo, capture_output=True, text=True, env=env)
+    assert single.returncode == 0, single.stderr[-2000:]
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          "--master_port", "29517", "train.py", *common, "--out", str(tmp_path / "two")],
+                         cwd=repo, capture_output=True, text=True, env=env)
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    a = imggen.load_model(str(tmp_path / "one")).state_dict()
+    b = imggen.load_model(str(tmp_path / "two")).state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
