@@ -127,6 +127,20 @@ def slot_plan(pattern: Pattern, n: int, heads: int) -> tuple[np.ndarray, np.ndar
     return slots, hi, used
 
 
+@functools.lru_cache(maxsize=64)
+def random_table(pattern: Pattern, n: int, heads: int) -> torch.Tensor:
+    """(H or 1, query blocks, R) long: random keys (diffuser) / key blocks (bigbird) of each query
+    block, padded with -2; built once per (pattern, n) from the seeded layout."""
+    nqb = -(-n // pattern.block)
+    r = max(1, pattern.random_blocks if isinstance(pattern, BigBird) else pattern.random_edges)
+    table = torch.full((len(_heads(pattern, heads)), nqb, r), -2, dtype=torch.long)
+    for h in _heads(pattern, heads):
+        for qb in range(nqb):
+            rs = pattern.random_of(qb, h)
+            table[h, qb, : len(rs)] = torch.tensor(rs, dtype=torch.long)
+    return table
+
+
 # ------------------------------------------------------------------------------------ caches
 class EvictionCache(KVCache):
     """Shared machinery: slot table / ring arithmetic, fast reads of slots [0, hi), debug checks."""
@@ -214,6 +228,9 @@ class EvictionCache(KVCache):
         assert len(set(slots.tolist())) == len(slots), "prefill maps two positions to one slot"
         live = set(np.nonzero(self._true_last[:n0] >= n0)[0].tolist())
         assert live <= set(pos.tolist()), f"prefill drops live positions {sorted(live - set(pos.tolist()))[:10]}"
+        if not self.keep_all and not isinstance(self, FullCache):
+            dead = set(pos.tolist()) - live
+            assert not dead, f"prefill writes positions no query >= {n0} reads: {sorted(dead)[:10]}"
 
 
 class FullCache(EvictionCache):
@@ -237,9 +254,11 @@ class RingCache(EvictionCache):
         return int((last_reads(pattern, n, heads) - np.arange(n)).max()) + 1
 
     def retained_after(self, n0):
-        """The last `capacity` positions (the dead among them are masked by the rule and their slots
-        are the next ones reused): no per-position table is kept."""
-        return torch.arange(0 if self.keep_all else max(0, n0 - self.capacity), n0)
+        """The live positions among the last `capacity` (the ring holds nothing older)."""
+        if self.keep_all:
+            return torch.arange(n0)
+        j = np.arange(max(0, n0 - self.capacity), n0)
+        return torch.from_numpy(j[last_reads(self.pattern, self.n, self.heads)[j] >= n0])
 
     def slot_for(self, t):
         return t if self.keep_all else t % self.capacity
@@ -294,14 +313,7 @@ class PlannedCache(EvictionCache):
             self._slots, self._hi = slots.tolist(), hi.tolist()
             self._slots_t = torch.from_numpy(slots).to(self.positions.device)
             self._table_bytes = 4 * n * 8  # last_read, slot (list + tensor), hi
-        blk = pattern.block
-        nqb = -(-n // blk)
-        r = max(1, pattern.random_blocks if isinstance(pattern, BigBird) else pattern.random_edges)
-        table = torch.full((len(_heads(pattern, heads)), nqb, r), -2, dtype=torch.long)
-        for h in _heads(pattern, heads):
-            for qb in range(nqb):
-                rs = pattern.random_of(qb, h)
-                table[h, qb, : len(rs)] = torch.tensor(rs, dtype=torch.long)
+        table = random_table(pattern, n, heads)
         self._random = table.to(self.positions.device)
         self._table_bytes = getattr(self, "_table_bytes", 0) + table.numel() * 8
 
@@ -352,6 +364,10 @@ class StridedCache(EvictionCache):
 
     def _capacity(self, pattern, n, heads):
         return n
+
+    def retained_after(self, n0):
+        j = torch.arange(n0)
+        return j if self.keep_all else j[torch.from_numpy(last_reads(self.pattern, self.n, self.heads)[:n0] >= n0)]
 
     def rule(self, pos, t):
         p = self.pattern

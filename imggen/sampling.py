@@ -70,6 +70,8 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
     cfg = model.config
     n = cfg.seq_len
     device = next(model.parameters()).device
+    if top_k is not None and top_k < 1:
+        raise ConfigError(f"top_k must be >= 1 (or None), got {top_k}")
     if known is not None or known_mask is not None:
         if known is None or known_mask is None:
             raise ShapeError("pass both known and known_mask (or neither)")

@@ -1,0 +1,204 @@
+"""Decode caches: eviction caches give the logits of the parallel forward, never evict a key a
+future query reads (debug mode asserts it at every step), and stay within their memory bounds."""
+import numpy as np
+import pytest
+import torch
+
+import imggen.eviction as ev
+from imggen.cache import make_caches
+from imggen.config import ModelConfig
+from imggen.model import ImageTransformer
+from imggen.patterns import make_pattern
+from imggen.sampling import generate, inpaint, sample, teacher_force
+
+torch.set_num_threads(1)
+
+# (attention, pattern parameters): blocks of 4 / 5 never divide the width 7 (or 21 subpixels)
+CASES = {
+    "full": dict(attention="full"),
+    "band": dict(attention="band", window=6),
+    "local2d": dict(attention="local2d", radius=1),
+    "bigbird": dict(attention="bigbird", block=5, window_blocks=2, global_blocks=1, random_blocks=2),
+    "diffuser": dict(attention="diffuser", window=5, global_tokens=3, random_edges=3, block=4,
+                     diffusion_steps=3, alpha=0.2),
+    "strided": dict(attention="strided"),
+    "mixed": dict(attention="local2d,bigbird,band", radius=2, window=9, block=4),
+}
+
+
+@pytest.fixture(autouse=True)
+def debug_caches(monkeypatch):
+    monkeypatch.setattr(ev, "DEBUG", True)
+
+
+def _model(channels, seed=0, height=5, width=7, **kw):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(height=height, width=width, channels=channels, bits=4, dim=32, layers=2, heads=2,
+                      backend="cpu", **kw)
+    return ImageTransformer(cfg).eval()
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+@pytest.mark.parametrize("case", list(CASES))
+def test_teacher_force_parity(case, channels):
+    model = _model(channels, **CASES[case])
+    x = torch.randint(0, 16, (2, model.config.seq_len), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(x)
+    caches = make_caches(model, 2, "evict")
+    if case not in ("full", "strided", "bigbird"):
+        assert all(c.capacity < model.config.seq_len for c in caches), [c.capacity for c in caches]
+    out = teacher_force(model, x, cache="evict")
+    assert (out - ref).abs().max() <= 1e-4
+    p = model.config.seq_len // 2 + 1  # prefill, then decode
+    out = teacher_force(model, x, cache="evict", prefill=p)
+    assert (out - ref).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("kind,params", [
+    ("band", dict(window=5)),
+    ("local2d", dict(height=5, width=7, channels=3, radius=2, shift=1)),
+    ("local2d", dict(height=6, width=4, channels=1, radius=1, shift=0)),
+    ("bigbird", dict(block=4, window_blocks=2, global_blocks=1, random_blocks=2, seed=3)),
+    ("diffuser", dict(window=4, global_tokens=2, random_edges=3, block=5, seed=1)),
+    ("strided", dict(stride=7, shift=1)),
+    ("full", {}),
+])
+def test_last_reads_match_the_mask(kind, params):
+    """The eviction arithmetic equals the definition (pattern.mask) exactly, for every head."""
+    p = make_pattern(kind, **params).for_layer(1)
+    full = params["height"] * params["width"] * params["channels"] if kind == "local2d" else 105
+    np.testing.assert_array_equal(ev.last_reads(p, full, 4), ev.true_last_reads(p, full, 4))
+    # a shorter sequence (local2d: rows cut short) may only over-estimate: keys kept longer, never less
+    assert (ev.last_reads(p, 50, 4) >= ev.true_last_reads(p, 50, 4)).all()
+
+
+def test_debug_mode_catches_an_eviction_bug(monkeypatch):
+    """A ring one slot too small evicts a key its last reader still needs: debug mode says so."""
+    model = _model(1, **CASES["band"])
+    monkeypatch.setattr(ev.BandCache, "_capacity", lambda self, p, n, h: p.window - 1)
+    x = torch.randint(0, 16, (1, model.config.seq_len))
+    with pytest.raises(AssertionError, match="evict"):
+        teacher_force(model, x, cache="evict")
+
+
+def test_cache_sizes(monkeypatch):
+    monkeypatch.setattr(ev, "DEBUG", False)  # debug mode builds n x n masks
+    n = 64 * 64
+    band = make_pattern("band", window=256)
+    sizes = [ev.make_eviction_cache(band, 1, 4, 16, h * 64, keep_all=False).capacity for h in (16, 64, 128)]
+    assert sizes == [256, 256, 256]
+    # local2d: r rows + (r + 1) pixels of subpixels minus the shift; independent of the height
+    for c in (1, 3):
+        for h in (8, 64):
+            p = make_pattern("local2d", height=h, width=32, channels=c, radius=3, shift=1)
+            cache = ev.make_eviction_cache(p, 1, 4, 16, h * 32 * c)
+            assert cache.capacity == 3 * 32 * c + 4 * c - 1
+    full = ev.make_eviction_cache(make_pattern("full"), 2, 4, 16, n)
+    small = ev.make_eviction_cache(band, 2, 4, 16, n)
+    assert full.nbytes() > 15 * small.nbytes()
+    # diffuser caches carry Z1..Z(K-1) next to k, v
+    d = make_pattern("diffuser", window=64, global_tokens=64, random_edges=8, steps=5, block=64)
+    dc = ev.make_eviction_cache(d, 1, 4, 16, n)
+    assert dc.z.shape == (4, 1, 4, dc.capacity, 16) and dc.capacity < n
+    # bigbird: planned capacity never exceeds the live maximum it was computed from
+    b = make_pattern("bigbird", block=64, window_blocks=3, global_blocks=1, random_blocks=2)
+    slots, hi, cap = ev.slot_plan(b, n, 4)
+    assert slots.max() == cap - 1 and hi[-1] == cap
+
+
+@pytest.mark.parametrize("case", ["local2d", "diffuser", "mixed"])
+def test_greedy_eviction_equals_full_cache(case):
+    model = _model(3 if case == "mixed" else 1, **CASES[case])
+    a = sample(model, 2, top_k=1, cache="evict")
+    b = sample(model, 2, top_k=1, cache="full")
+    assert torch.equal(a, b)
+
+
+def test_seeded_sampling_is_reproducible():
+    model = _model(1, **CASES["band"])
+    a, b = (sample(model, 2, seed=5) for _ in range(2))
+    assert torch.equal(a, b) and not torch.equal(a, sample(model, 2, seed=6))
+
+
+def test_logprob_covers_the_whole_image():
+    """sample(..., return_logprob=True) equals the model's log-likelihood of every token, known
+    tokens after the hole included."""
+    model = _model(3, **CASES["mixed"])
+    n = model.config.seq_len
+    known = torch.randint(0, 16, (2, n))
+    mask = torch.ones(2, n, dtype=torch.bool)
+    mask[:, 30:50] = False
+    mask[1, 70:80] = False
+    toks, logp = sample(model, 2, known, mask, seed=0, return_logprob=True)
+    assert torch.equal(toks[mask], known[mask])
+    with torch.no_grad():
+        ll = torch.log_softmax(model(toks), -1).gather(-1, toks[..., None]).sum((1, 2))
+    torch.testing.assert_close(logp, ll, atol=1e-3, rtol=1e-5)
+
+
+def test_inpaint_keeps_known_pixels_and_rank_picks_the_most_likely():
+    model = _model(3, **CASES["local2d"])
+    cfg = model.config
+    image = torch.randint(0, 256, cfg.shape, dtype=torch.uint8)  # 8-bit values, 4-bit model
+    mask = torch.zeros(cfg.height, cfg.width, dtype=torch.bool)
+    mask[1:3, 2:5] = True
+    filled, logp = inpaint(model, image, mask, num=2, seed=0)
+    assert filled.shape == (2, *cfg.shape)
+    assert torch.equal(filled[:, :, ~mask], image[None, :, ~mask].expand(2, -1, -1))
+    # rank: the kept candidate is the max of the candidates drawn with the same seeds
+    best, best_lp = generate(model, 1, rank=4, batch_size=3, seed=7)
+    first, first_lp = generate(model, 3, seed=7, batch_size=3)  # the same two chunks, unranked
+    rest, rest_lp = generate(model, 1, seed=10, batch_size=3)
+    lps = torch.cat([first_lp, rest_lp])
+    assert len(set(lps.tolist())) == 4
+    assert torch.isclose(best_lp[0], lps.max()) and torch.equal(best[0], torch.cat([first, rest])[lps.argmax()])
+
+
+@pytest.mark.parametrize("case", ["band", "local2d", "bigbird", "diffuser", "strided"])
+def test_keep_all_baseline_parity(case):
+    """The keep-everything baseline of bench/decode.py (same code, nothing evicted) is exact too."""
+    model = _model(1, **CASES[case])
+    cfg = model.config
+    x = torch.randint(0, 16, (2, cfg.seq_len))
+    caches = [ev.make_eviction_cache(p, 2, cfg.heads, cfg.dim // cfg.heads, cfg.seq_len, keep_all=True)
+              for p in model.patterns]
+    assert all(c.capacity == cfg.seq_len for c in caches)
+    with torch.no_grad():
+        ref = model(x)
+        out = [model(x[:, :9], caches=caches)]
+        out += [model.step(x[:, t - 1], t, caches)[:, None] for t in range(9, cfg.seq_len)]
+    assert (torch.cat(out, 1) - ref).abs().max() <= 1e-4
+
+
+def test_decode_attention_matches_the_kernel_reference():
+    """The bias layout handed to imggen.kernels.decode_attention on CUDA matches its reference."""
+    kernels = pytest.importorskip("imggen.kernels")
+    from imggen.cache import decode_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 4, 16, generator=g), torch.randn(2, 4, 9, 16, generator=g), torch.randn(2, 4, 9, 16, generator=g)
+    bias = torch.zeros(4, 9).masked_fill_(torch.rand(4, 9, generator=g) < 0.4, float("-inf"))
+    bias[:, 0] = 0
+    ref = kernels.decode_attention_reference(q, k, v, bias[None])
+    torch.testing.assert_close(decode_attention(q, k, v, bias, 16 ** -0.5), ref)
+
+
+@pytest.mark.parametrize("draw", range(6))
+def test_random_configs_parity(draw):
+    """Random small shapes and pattern parameters, prefilled at a random length."""
+    rng = np.random.default_rng(100 + draw)
+    kind = ["band", "local2d", "bigbird", "diffuser", "strided", "local2d,diffuser"][draw]
+    kw = dict(attention=kind, window=int(rng.integers(1, 12)), radius=int(rng.integers(0, 3)),
+              block=int(rng.integers(2, 7)), window_blocks=int(rng.integers(1, 3)),
+              global_blocks=int(rng.integers(0, 2)), random_blocks=int(rng.integers(0, 3)),
+              global_tokens=int(rng.integers(0, 5)), random_edges=int(rng.integers(0, 4)),
+              diffusion_steps=int(rng.integers(1, 4)), stride=int(rng.integers(1, 9)), pattern_seed=draw)
+    model = _model(int(rng.choice([1, 3])), seed=draw, height=int(rng.integers(2, 6)),
+                   width=int(rng.integers(3, 10)), **kw)
+    n = model.config.seq_len
+    x = torch.randint(0, 16, (3, n), generator=torch.Generator().manual_seed(draw))
+    with torch.no_grad():
+        ref = model(x)
+    for prefill in (0, int(rng.integers(1, n))):
+        assert (teacher_force(model, x, cache="evict", prefill=prefill) - ref).abs().max() <= 1e-4, prefill
