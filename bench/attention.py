@@ -3,8 +3,8 @@
     python bench/attention.py                      # N in {4096, 16384}, H=4, D=32
     python bench/attention.py --n 4096 --reps 2    # quicker
 
-Forward and forward+backward wall time (median over reps, after a warm-up) and peak attention
-memory (peak RSS growth of a fresh subprocess running one forward+backward, inputs excluded).
+Forward and forward+backward wall time (median over reps, after a warm-up) and peak memory of one
+forward+backward (growth of the process's peak resident set, reset before the call; Linux only).
 FlexAttention (torch.compile'd, same mask) is timed forward only: it has no CPU backward.
 """
 from __future__ import annotations
@@ -13,9 +13,8 @@ import argparse
 import json
 import os
 import platform
-import resource
+import re
 import statistics
-import subprocess
 import sys
 import time
 
@@ -75,23 +74,20 @@ def flex_forward(pat, n, h, d):
     return fn
 
 
-def peak_mb(method: str, kind: str, n: int, h: int, d: int, window: int, radius: int) -> float:
-    """Peak RSS growth (MB) of one forward+backward in a fresh process."""
-    code = f"""
-import resource, sys, torch
-sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
-from attention import patterns, inputs, run
-torch.set_num_threads(torch.get_num_threads())
-pat = patterns({n}, {window}, {radius}).get({kind!r})
-q, k, v = inputs({n}, {h}, {d})
-small = inputs(256, {h}, {d})
-run({method!r}, patterns(256, {window}, {radius}).get({kind!r}), *small, True)  # load kernels
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-run({method!r}, pat, q, k, v, True)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+def _status_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        return int(re.search(field + r":\s+(\d+)", f.read()).group(1)) / 1024
+
+
+def peak_mb(fn) -> float:
+    """Peak resident-memory growth (MB) while fn runs: the kernel's high-water mark (VmHWM) is
+    reset through /proc/self/clear_refs, so this counts every allocation, not only torch's."""
+    fn()  # warm-up: plans and lazily built tables are not attention memory
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _status_mb("VmRSS")
+    fn()
+    return _status_mb("VmHWM") - base
 
 
 def main(argv=None):
@@ -112,7 +108,7 @@ def main(argv=None):
         sd_f = timeit(lambda: run("sdpa", None, *inputs(n, h, d, grad=False), False), args.reps)
         sd_fb = timeit(lambda: run("sdpa", None, *inputs(n, h, d), True), args.reps)
         rows.append(dict(n=n, method="dense causal SDPA", fwd=sd_f, fwdbwd=sd_fb,
-                         mem=peak_mb("sdpa", "band", n, h, d, args.window, args.radius)))
+                         mem=peak_mb(lambda: run("sdpa", None, *inputs(n, h, d), True))))
         for kind, pat in pats.items():
             qkv_ng, qkv = inputs(n, h, d, grad=False), inputs(n, h, d)
             with torch.no_grad():
@@ -120,7 +116,7 @@ def main(argv=None):
             fb = timeit(lambda: run("cpu", pat, *qkv, True), args.reps)
             flex = None if args.no_flex else timeit(flex_forward(pat, n, h, d), args.reps)
             rows.append(dict(n=n, method=f"imggen cpu {kind}", fwd=f, fwdbwd=fb, flex_fwd=flex,
-                             mem=peak_mb("cpu", kind, n, h, d, args.window, args.radius),
+                             mem=peak_mb(lambda: run("cpu", pat, *inputs(n, h, d), True)),
                              vs_sdpa_fwdbwd=sd_fb / fb, vs_sdpa_fwd=sd_f / f,
                              flex_over_ours_fwd=None if flex is None else f / flex))
     print(f"\nCPU attention, H={h}, D={d}, band window {args.window}, local2d radius {args.radius} "

@@ -14,6 +14,8 @@ _API = {
     "teacher_force": "imggen.sampling",
     "sample": "imggen.sampling",
     "detokenize": "imggen.sampling",
+    "inpaint": "imggen.sampling",
+    "generate": "imggen.sampling",
 }
 
 __all__ = ["sparse_attention", *_API]

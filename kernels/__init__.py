@@ -1,0 +1,8 @@
+"""Triton kernels: block-sparse flash attention (all patterns), diffuser diffusion, decode attention.
+
+CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before this package is imported.
+"""
+from .decode import decode_attention, decode_attention_reference
+from .sparse import sparse_attention
+
+__all__ = ["sparse_attention", "decode_attention", "decode_attention_reference"]
