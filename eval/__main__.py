@@ -1,0 +1,243 @@
+"""`python -m imggen.eval bpd|inpaint|fid|atoms|report ...` (console script: imggen-eval).
+
+Every subcommand prints a short human summary; --json (bpd, fid, atoms) or the output folder
+(inpaint, report) holds the full results. A bad flag or value is one line on stderr, exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+
+import torch
+
+from imggen.errors import ConfigError, ImggenError
+
+PROG = "python -m imggen.eval"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one clear line, exit code 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _pos_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def _nonneg_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog=PROG, description="Evaluate imggen models: bits/dim, inpainting, FID, atom-bond "
+                                        "accuracy, and a full report of a run directory.")
+    sub = ap.add_subparsers(dest="cmd", metavar="SUBCOMMAND", parser_class=_Parser,
+                            help="bpd | inpaint | fid | atoms | report (each has --help)")
+    sub.required = True
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def common(p, data=True, split=True):
+        p.add_argument("--checkpoint", required=True, metavar="RUN",
+                       help="run directory written by train.py (or one of its checkpoints/step_* folders)")
+        if data:
+            p.add_argument("--data", metavar="SPEC",
+                           help="evaluation data KIND[:PATH] (default: the run's config data.spec)")
+        if split:
+            p.add_argument("--split", default="test", choices=["train", "val", "test"],
+                           help="data split to evaluate (default test)")
+        p.add_argument("--device", default=dev, help=f"torch device (default {dev})")
+        p.add_argument("--batch-size", type=_pos_int, default=16, help="images per forward / sampling batch (default 16)")
+
+    p = sub.add_parser("bpd", help="exact test bits/dim with a bootstrap confidence interval",
+                       description="Exact bits/dim of a checkpoint on a data split, with a percentile "
+                                   "bootstrap 95%% CI over images and a label saying what it is comparable with.")
+    common(p)
+    p.add_argument("--limit", type=_pos_int, help="evaluate only the first N images of the split")
+    p.add_argument("--bootstrap", type=_nonneg_int, default=1000, help="bootstrap resamples for the CI (0: none; default 1000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling (default 0)")
+    p.add_argument("--json", metavar="OUT", help="also write the full result (per-image values included) to this JSON file")
+
+    p = sub.add_parser("inpaint", help="fill the masked region of BraTS slices; PSNR/SSIM + triplet PNGs",
+                       description="Inpaint the masked regions of a dataset with masks (brats, brats-demo), "
+                                   "score PSNR/SSIM over the whole image and inside the mask, write "
+                                   "original/masked/filled triplet PNGs and inpaint.json.")
+    common(p)
+    p.add_argument("--limit", type=_pos_int, default=16, help="inpaint the first N images with a non-empty mask (default 16)")
+    p.add_argument("--rank", type=_pos_int, default=1, help="candidates per image; keep the most likely (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--out", metavar="DIR", help="output folder (default RUN/inpaint)")
+
+    p = sub.add_parser("fid", help="Frechet Inception Distance between two image sets (or samples vs test data)",
+                       description="FID with pytorch-fid's Inception weights, between --images-a and --images-b, "
+                                   "or between --num samples of --checkpoint and its data's test split.")
+    p.add_argument("--images-a", metavar="A", help="uint8 images: .npz (key 'images' or first array) or a folder of PNGs")
+    p.add_argument("--images-b", metavar="B", help="second image set (.npz or folder); default with --checkpoint: the test split")
+    p.add_argument("--checkpoint", metavar="RUN", help="sample --num images from this run as set A")
+    p.add_argument("--num", type=_pos_int, default=2048, help="samples to draw with --checkpoint (default 2048)")
+    p.add_argument("--data", metavar="SPEC", help="reference data with --checkpoint (default: the run's data.spec)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--weights", "--fid-weights", dest="weights", metavar="PATH",
+                   help="pt_inception-2015-12-05-6726825d.pth (default: $IMGGEN_FID_WEIGHTS)")
+    p.add_argument("--random-init", action="store_true",
+                   help="testing only: random Inception weights (the number is not an FID)")
+    p.add_argument("--device", default=dev, help=f"torch device (default {dev})")
+    p.add_argument("--batch-size", type=_pos_int, default=50, help="images per Inception / sampling batch (default 50)")
+    p.add_argument("--json", metavar="OUT", help="also write the result to this JSON file")
+
+    p = sub.add_parser("atoms", help="atom-bond accuracy of sampled molecules (OSRA) vs the calibration ceiling",
+                       description="Sample --num molecule images and read them back with OSRA; compare with the "
+                                   "same metrics on true drawings of test-split SMILES (the ceiling). "
+                                   "With --calibrate, only the ceiling for --data at --size.")
+    p.add_argument("--checkpoint", metavar="RUN", help="molecule run directory to sample from")
+    p.add_argument("--calibrate", action="store_true", help="only score true drawings of --data at --size (no model)")
+    p.add_argument("--data", metavar="SPEC", help="molecule data (default: the run's data.spec; 'molecules' with --calibrate)")
+    p.add_argument("--size", type=_pos_int, default=128, help="image side for --calibrate (default 128)")
+    p.add_argument("--num", type=_pos_int, default=16, help="images to sample / SMILES to calibrate on (default 16)")
+    p.add_argument("--num-ref", type=_pos_int, help="reference test SMILES for the ceiling (default --num)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--device", default=dev, help=f"torch device (default {dev})")
+    p.add_argument("--batch-size", type=_pos_int, default=16, help="sampling batch size (default 16)")
+    p.add_argument("--json", metavar="OUT", help="also write the result to this JSON file")
+
+    p = sub.add_parser("report", help="evaluate a run directory -> report.json, report.md and PNGs",
+                       description="Evaluate a run directory: config summary, test bits/dim with CI, unigram "
+                                   "baseline, sampling speed, inpainting (data with masks), atoms (molecules, "
+                                   "when osra is installed), FID (only with --fid-weights); writes report.json, "
+                                   "report.md, samples.png, curves.png and inpainting.png.")
+    common(p)
+    p.add_argument("--num", type=_pos_int, default=16, help="images to sample for the grid, speed and atoms (default 16)")
+    p.add_argument("--limit", type=_pos_int, help="bits/dim on the first N images of the split only")
+    p.add_argument("--bootstrap", type=_nonneg_int, default=1000, help="bootstrap resamples for the bits/dim CI (default 1000)")
+    p.add_argument("--inpaint-num", type=_nonneg_int, default=4, help="images to inpaint when the data has masks (0: skip; default 4)")
+    p.add_argument("--atoms", choices=["auto", "off"], default="auto",
+                   help="atom-bond accuracy for molecule runs: auto (when osra is on PATH) or off")
+    p.add_argument("--fid-weights", metavar="PATH", help="compute FID of the samples vs the split with these Inception weights")
+    p.add_argument("--seed", type=int, default=0, help="sampling / bootstrap seed (default 0)")
+    p.add_argument("--out", metavar="DIR", help="output folder (default RUN/report)")
+    return ap
+
+
+# ------------------------------------------------------------------------------- subcommands
+def _write(res: dict, path: str | None) -> None:
+    if path:
+        from imggen.eval.report import write_json
+        write_json(res, path)
+        print(f"wrote {path}")
+
+
+def cmd_bpd(a) -> int:
+    from imggen.eval.report import load_run, run_bpd
+    run = load_run(a.checkpoint, a.device)
+    res = run_bpd(run, spec=a.data, split=a.split, limit=a.limit, bootstrap=a.bootstrap,
+                  batch_size=a.batch_size, seed=a.seed)
+    ci = res["ci95"]
+    ci_s = f" (95% CI {ci[0]:.4f} - {ci[1]:.4f})" if ci else ""
+    print(f"{res['split']} bits/dim {res['bpd']:.4f}{ci_s} over {res['n_images']} images of {res['data']}: {res['label']}")
+    _write(res, a.json)
+    return 0
+
+
+def cmd_inpaint(a) -> int:
+    from imggen.eval.report import load_run, run_inpaint
+    run = load_run(a.checkpoint, a.device)
+    out = a.out or os.path.join(run.path if os.path.isdir(run.path) else os.path.dirname(run.ckpt), "inpaint")
+    res = run_inpaint(run, spec=a.data, split=a.split, limit=a.limit, rank=a.rank, seed=a.seed, out=out,
+                      batch_size=a.batch_size)
+    print(f"inpainted {res['n_images']} {res['split']} images of {res['data']}: PSNR {res['psnr']:.2f} dB / "
+          f"SSIM {res['ssim']:.4f} whole image, PSNR {res['psnr_mask']:.2f} dB / SSIM {res['ssim_mask']:.4f} "
+          f"inside the mask; wrote {res['json']} and {len(res['files']['triplets'])} triplets in {out}")
+    return 0
+
+
+def cmd_fid(a) -> int:
+    from imggen.eval.report import _split, load_data, load_images, load_run, run_fid, sample_images
+    if a.checkpoint and a.images_a:
+        raise ConfigError("use either --checkpoint (samples as set A) or --images-a, not both")
+    if not a.checkpoint and not (a.images_a and a.images_b):
+        raise ConfigError("fid needs --images-a A --images-b B, or --checkpoint RUN [--num N]")
+    if not a.random_init:
+        from imggen.eval.fid import _resolve_weights
+        _resolve_weights(a.weights)  # fail before sampling when the weights are missing
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if a.checkpoint:
+            run = load_run(a.checkpoint, a.device)
+            imgs_b = load_images(a.images_b) if a.images_b else _split(load_data(run.cfg, a.data), "test", None)
+            imgs_a, _ = sample_images(run, a.num, seed=a.seed, batch_size=a.batch_size)
+        else:
+            imgs_a, imgs_b = load_images(a.images_a), load_images(a.images_b)
+        res = run_fid(imgs_a, imgs_b, a.weights, a.device, random_init=a.random_init, batch_size=a.batch_size)
+    print(f"FID {res['fid']:.3f} ({res['n_a']} vs {res['n_b']} images; {res['note']})")
+    _write(res, a.json)
+    return 0
+
+
+def cmd_atoms(a) -> int:
+    from imggen.eval.report import atoms_table, load_run, run_atoms, run_calibrate
+    if a.calibrate:
+        if a.checkpoint:
+            raise ConfigError("--calibrate scores true drawings only; drop --checkpoint (or drop --calibrate)")
+        res = run_calibrate(a.data or "molecules", a.size, a.num)
+        c = res["ceiling"]
+        print(f"calibration ceiling on {res['num']} test SMILES of {res['data']} at {a.size}x{a.size}:")
+        print("| metric | true drawings |\n|---|---|")
+        for k, v in c.items():
+            if isinstance(v, (int, float)) or v is None:
+                print(f"| {k} | {'n/a' if v is None else f'{v:.3f}' if isinstance(v, float) else v} |")
+    else:
+        if not a.checkpoint:
+            raise ConfigError("atoms needs --checkpoint RUN (or --calibrate --data molecules --size N)")
+        run = load_run(a.checkpoint, a.device)
+        res = run_atoms(run, a.num, a.seed, num_ref=a.num_ref, spec=a.data, batch_size=a.batch_size)
+        print(f"atom-bond accuracy of {res['num']} samples vs true drawings of {res['num_ref']} test molecules:")
+        print(atoms_table(res))
+    _write(res, a.json)
+    return 0
+
+
+def cmd_report(a) -> int:
+    from imggen.eval.report import make_report
+    rep = make_report(a.checkpoint, out=a.out, num=a.num, seed=a.seed, device=a.device, spec=a.data,
+                      split=a.split, limit=a.limit, bootstrap=a.bootstrap, inpaint_num=a.inpaint_num,
+                      atoms=a.atoms, fid_weights=a.fid_weights, batch_size=a.batch_size)
+    b = rep.get("bpd")
+    bpd_s = f"{b['split']} bits/dim {b['bpd']:.4f}" if b else "bits/dim n/a"
+    print(f"{bpd_s}; wrote {rep['report_json']} and {rep['report_md']}")
+    for n in rep.get("notes", []):
+        print(f"note: {n}")
+    return 0
+
+
+COMMANDS = {"bpd": cmd_bpd, "inpaint": cmd_inpaint, "fid": cmd_fid, "atoms": cmd_atoms, "report": cmd_report}
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.cmd](args)
+    except ImggenError as e:
+        msg = " ".join(str(e).split())  # one line
+        print(f"{PROG} {args.cmd}: error: {msg}", file=sys.stderr)
+        return 2
+    except (OSError, json.JSONDecodeError) as e:  # unreadable output path etc.
+        print(f"{PROG} {args.cmd}: error: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
