@@ -1,0 +1,255 @@
+"""Triton kernels vs the float64 reference (CPU: TRITON_INTERPRET=1, set by conftest; tiny shapes).
+
+Tolerance from a noise floor: the kernel's error against the float64 reference may be at most
+2x (plus a tiny absolute epsilon) the error of the reference backend run in the same precision.
+"""
+import math
+
+import pytest
+import torch
+
+import imggen
+from imggen.errors import ShapeError
+from imggen.sparse_attention import reference_attention
+
+kernels = pytest.importorskip("imggen.kernels")
+from imggen.kernels import sparse as ksparse  # noqa: E402
+from imggen.kernels.plan import make_plan  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+PRINT_MARGINS = False
+EPS = {torch.float32: 1e-6, torch.float16: 5e-4, torch.bfloat16: 4e-3}
+
+PATTERNS = {
+    "full": lambda: imggen.make_pattern("full"),
+    "band": lambda: imggen.make_pattern("band", window=20),
+    "local2d_rgb": lambda: imggen.make_pattern("local2d", height=5, width=6, channels=3, radius=1, shift=1),
+    "local2d": lambda: imggen.make_pattern("local2d", height=8, width=9, channels=1, radius=2, shift=0),
+    "bigbird": lambda: imggen.make_pattern("bigbird", block=16, window_blocks=1, global_blocks=1,
+                                           random_blocks=1, seed=3),
+    "diffuser": lambda: imggen.make_pattern("diffuser", window=10, global_tokens=3, random_edges=3, steps=3,
+                                            alpha=0.2, seed=1, block=16),
+    "strided": lambda: imggen.make_pattern("strided", stride=9, shift=1),
+}
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    """Every kernel output buffer starts as NaN, so an unwritten element fails the comparison."""
+    monkeypatch.setattr(ksparse, "POISON", True)
+
+
+def _inputs(b, h, n, d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, n, d, generator=g, dtype=torch.float64) for _ in range(4)]
+
+
+def _run(fn, q, k, v, do, dtype, device):
+    qq, kk, vv = (t.detach().to(device=device, dtype=dtype).clone().requires_grad_() for t in (q, k, v))
+    o = fn(qq, kk, vv)
+    o.backward(do.to(device=device, dtype=dtype))
+    return [t.detach().double().cpu() for t in (o, qq.grad, kk.grad, vv.grad)]
+
+
+def _check_against_floor(pattern, dtype, b=2, h=2, n=70, d=32, block=16, device=DEV):
+    # inputs rounded to `dtype` first, so the noise floor measures arithmetic, not input rounding
+    q, k, v, do = (t.to(dtype).double() for t in _inputs(b, h, n, d))
+    ref = _run(lambda *a: reference_attention(*a, pattern), q, k, v, do, torch.float64, "cpu")
+    floor_dev = device if dtype != torch.float16 or device == "cuda" else "cpu"
+    floor = _run(lambda *a: reference_attention(*a, pattern), q, k, v, do, dtype, floor_dev)
+    blk = None if pattern.name in ("bigbird", "diffuser") else block
+    got = _run(lambda *a: kernels.sparse_attention(*a, pattern, block=blk), q, k, v, do, dtype, device)
+    for name, r, f, g in zip(("out", "dq", "dk", "dv"), ref, floor, got):
+        assert torch.isfinite(g).all(), f"{name}: non-finite values (unwritten output?)"
+        err, noise = (g - r).abs().max().item(), (f - r).abs().max().item()
+        if PRINT_MARGINS:
+            print(f"{pattern.name} {dtype} {name}: err {err:.2e} noise {noise:.2e}")
+        assert err <= 2 * noise + EPS[dtype], f"{pattern.name} {dtype} {name}: error {err:.3g} > 2 x {noise:.3g} + eps"
+
+
+@pytest.mark.parametrize("name", list(PATTERNS))
+@pytest.mark.parametrize("dtype,d", [(torch.float32, 32), (torch.float16, 64)])
+def test_matches_reference(name, dtype, d):
+    _check_against_floor(PATTERNS[name](), dtype, d=d)
+
+
+@pytest.mark.parametrize("block,n", [(32, 100), (16, 16), (16, 1)])
+def test_band_blocks_and_tails(block, n):
+    _check_against_floor(imggen.make_pattern("band", window=37), torch.float32, n=n, block=block)
+
+
+def test_bigbird_heads_have_their_own_random_blocks():
+    p = PATTERNS["bigbird"]()
+    plan = make_plan(p, 130, 2, 16, "cpu")
+    assert plan.hdiff == 1 and not torch.equal(plan.lay[0], plan.lay[1])
+    _check_against_floor(p, torch.float32, n=130)
+
+
+def test_dispatch_from_imggen():
+    q, k, v, _ = (t.float() for t in _inputs(1, 2, 40, 32))
+    p = PATTERNS["band"]()
+    out = imggen.sparse_attention(q, k, v, p, backend="triton", block=16)
+    assert torch.allclose(out, reference_attention(q, k, v, p), atol=1e-5)
+
+
+def test_strided_view_inputs():
+    """q, k, v as transposed views of a (B, N, H, D) tensor (contiguous only in the last dim)."""
+    x = torch.randn(2, 40, 2, 3 * 32)
+    q, k, v = (t.transpose(1, 2) for t in x.split(32, dim=-1))
+    p = PATTERNS["local2d"]()
+    out = kernels.sparse_attention(q, k, v, p, block=16)
+    assert torch.allclose(out, reference_attention(q, k, v, p), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["band", "diffuser"])
+def test_torch_compile(name):
+    """The custom ops trace (fake impls) and keep their autograd under torch.compile."""
+    p = PATTERNS[name]()
+    blk = None if p.is_diffusion else 16
+    q, k, v, do = (t.float() for t in _inputs(1, 2, 40, 32))
+    f = lambda a, b, c: kernels.sparse_attention(a, b, c, p, block=blk)  # noqa: E731
+    got = _run(torch.compile(f, backend="aot_eager"), q, k, v, do, torch.float32, DEV)
+    want = _run(f, q, k, v, do, torch.float32, DEV)
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------- decode
+@pytest.mark.parametrize("dtype,d,bias_shape", [(torch.float32, 64, "b1l"), (torch.float16, 32, "1hl"),
+                                                (torch.float32, 128, "bhl")])
+def test_decode_matches_reference(dtype, d, bias_shape):
+    b, h, length = 2, 3, 150
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(b, h, d, generator=g)
+    kc = torch.randn(b, h, length, d, generator=g)
+    vc = torch.randn(b, h, length, d, generator=g)
+    shape = {"b1l": (b, 1, length), "1hl": (1, h, length), "bhl": (b, h, length)}[bias_shape]
+    bias = torch.where(torch.rand(shape, generator=g) < 0.4, 0.0, float("-inf"))
+    if bias_shape == "bhl":
+        bias[1, 2] = float("-inf")  # a query with nothing to read -> zeros
+    ref = kernels.decode_attention_reference(q.double(), kc.double(), vc.double(), bias.double())
+    floor = kernels.decode_attention_reference(q.to(dtype), kc.to(dtype), vc.to(dtype), bias)
+    got = kernels.decode_attention(*(t.to(device=DEV, dtype=dtype) for t in (q, kc, vc)), bias.to(DEV)).cpu()
+    assert torch.isfinite(got).all()
+    err, noise = (got.double() - ref).abs().max().item(), (floor.double() - ref).abs().max().item()
+    assert err <= 2 * noise + EPS[dtype]
+    if bias_shape == "bhl":
+        assert (got[1, 2] == 0).all()
+
+
+def test_decode_ring_order_is_arbitrary():
+    """Permuting the ring's slots (with their bias) does not change the result."""
+    b, h, length, d = 1, 2, 70, 32
+    q, kc, vc = torch.randn(b, h, d), torch.randn(b, h, length, d), torch.randn(b, h, length, d)
+    bias = torch.zeros(1, 1, length)
+    bias[..., 5:20] = float("-inf")
+    perm = torch.randperm(length)
+    a = kernels.decode_attention(q, kc, vc, bias)
+    c = kernels.decode_attention(q, kc[:, :, perm], vc[:, :, perm], bias[..., perm])
+    assert torch.allclose(a, c, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------- errors
+def _qkv(*shape, dtype=torch.float32):
+    return [torch.randn(*shape, dtype=dtype) for _ in range(3)]
+
+
+@pytest.mark.parametrize("case,match", [
+    ("dtype", "dtype"), ("headdim", "head dim"), ("shape", "one shape"), ("stride", "contiguous"),
+    ("mixed", "dtype"), ("rank", r"\(B, H, N, D\)")])
+def test_launcher_errors(case, match):
+    p = PATTERNS["band"]()
+    q, k, v = _qkv(1, 2, 20, 32)
+    if case == "dtype":
+        q, k, v = _qkv(1, 2, 20, 32, dtype=torch.float64)
+    elif case == "headdim":
+        q, k, v = _qkv(1, 2, 20, 48)
+    elif case == "shape":
+        k = torch.randn(1, 2, 21, 32)
+    elif case == "stride":
+        q = torch.randn(1, 2, 32, 20).transpose(-1, -2)
+    elif case == "mixed":
+        v = v.half()
+    elif case == "rank":
+        q, k, v = _qkv(2, 20, 32)
+    with pytest.raises(ShapeError, match=match):
+        kernels.sparse_attention(q, k, v, p)
+
+
+def test_pattern_block_errors():
+    q, k, v = _qkv(1, 2, 20, 32)
+    with pytest.raises(ShapeError, match="block"):
+        kernels.sparse_attention(q, k, v, imggen.make_pattern("bigbird", block=24))
+    with pytest.raises(ShapeError, match="block"):
+        kernels.sparse_attention(q, k, v, PATTERNS["band"](), block=48)
+
+
+@pytest.mark.parametrize("case", ["bias_shape", "bias_dtype", "cache_shape", "headdim"])
+def test_decode_errors(case):
+    q, kc, vc, bias = torch.randn(2, 2, 32), torch.randn(2, 2, 10, 32), torch.randn(2, 2, 10, 32), torch.zeros(2, 2, 10)
+    if case == "bias_shape":
+        bias = torch.zeros(2, 2, 11)
+    elif case == "bias_dtype":
+        bias = torch.zeros(2, 2, 10, dtype=torch.bool)
+    elif case == "cache_shape":
+        vc = torch.randn(2, 2, 9, 32)
+    elif case == "headdim":
+        q, kc, vc = torch.randn(2, 2, 40), torch.randn(2, 2, 10, 40), torch.randn(2, 2, 10, 40)
+    with pytest.raises(ShapeError):
+        kernels.decode_attention(q, kc, vc, bias)
+
+
+# ---------------------------------------------------------------------------------- GPU only
+gpu = pytest.mark.skipif(not CUDA, reason="needs CUDA (bf16 is not supported by the Triton interpreter)")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(PATTERNS))
+@pytest.mark.parametrize("dtype,d", [(torch.bfloat16, 64), (torch.float16, 128)])
+def test_gpu_matches_reference(name, dtype, d):
+    p = PATTERNS[name]()
+    if name in ("bigbird", "diffuser"):  # tile by 64 on the GPU
+        params = {k: v for k, v in p.params().items() if k != "kind"}
+        p = imggen.make_pattern(p.name, **{**params, "block": 64})
+    _check_against_floor(p, dtype, b=2, h=4, n=1000, d=d, block=64, device="cuda")
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_decode_bf16():
+    q, kc, vc = torch.randn(2, 4, 64), torch.randn(2, 4, 5000, 64), torch.randn(2, 4, 5000, 64)
+    bias = torch.zeros(2, 1, 5000)
+    ref = kernels.decode_attention_reference(q.double(), kc.double(), vc.double(), bias.double())
+    got = kernels.decode_attention(*(t.cuda().bfloat16() for t in (q, kc, vc)), bias.cuda()).double().cpu()
+    assert (got - ref).abs().max() < 2e-2
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["band", "diffuser"])
+def test_gpu_torch_compile_inductor(name):
+    p = PATTERNS[name]()
+    if name == "diffuser":
+        params = {k: v for k, v in p.params().items() if k != "kind"}
+        p = imggen.make_pattern(p.name, **{**params, "block": 64})
+    q, k, v, do = (t.float() for t in _inputs(1, 2, 300, 64))
+    f = lambda a, b, c: kernels.sparse_attention(a, b, c, p)  # noqa: E731
+    got = _run(torch.compile(f), q, k, v, do, torch.bfloat16, "cuda")
+    want = _run(f, q, k, v, do, torch.bfloat16, "cuda")
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, atol=1e-2, rtol=1e-2)
+
+
+def test_kernels_compile_for_sm90():
+    """The interpreter never runs the compiler: compile one variant of each kernel for sm_90 (no GPU needed)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-m", "imggen.kernels.aot_check", "--quick"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
