@@ -24,7 +24,7 @@ class ModelConfig:
     attention: str = "band"
     window: int | None = None        # band / diffuser window (default: a few rows)
     radius: int = 3                  # local2d
-    block: int | None = None         # bigbird / diffuser block (default: one row)
+    block: int | None = None         # bigbird / diffuser block (default: 32 below 64-token rows, else 64)
     window_blocks: int = 3           # bigbird
     global_blocks: int = 1           # bigbird
     random_blocks: int = 2           # bigbird
@@ -64,6 +64,7 @@ class ModelConfig:
 
     def pattern_for(self, kind: str) -> Pattern:
         row = self.width * self.channels
+        block = self.block or (32 if row < 64 else 64)  # the Triton kernels take blocks of 16..128
         if kind == "full":
             return make_pattern("full")
         if kind == "band":
@@ -72,14 +73,14 @@ class ModelConfig:
             return make_pattern("local2d", height=self.height, width=self.width, channels=self.channels,
                                 radius=self.radius, shift=1)
         if kind == "bigbird":
-            return make_pattern("bigbird", block=self.block or row, window_blocks=self.window_blocks,
+            return make_pattern("bigbird", block=block, window_blocks=self.window_blocks,
                                 global_blocks=self.global_blocks, random_blocks=self.random_blocks,
                                 seed=self.pattern_seed)
         if kind == "diffuser":
             return make_pattern("diffuser", window=self.window or row,
                                 global_tokens=row if self.global_tokens is None else self.global_tokens,
                                 random_edges=self.random_edges, steps=self.diffusion_steps, alpha=self.alpha,
-                                seed=self.pattern_seed, block=self.block or row)
+                                seed=self.pattern_seed, block=block)
         if kind == "strided":
             return make_pattern("strided", stride=self.stride or row, shift=1)
         return make_pattern(kind)  # raises the "unknown pattern" ConfigError
@@ -140,7 +141,7 @@ class Config:
 
 PRESETS: dict[str, dict] = {
     # CPU demo: 32x32 molecule drawings, trains in a few minutes on 2 cores.
-    "demo": dict(model=dict(height=32, width=32, channels=1, bits=8, dim=96, layers=4, heads=4,
+    "demo": dict(model=dict(height=32, width=32, channels=1, bits=8, dim=96, layers=4, heads=3,
                             attention="local2d,band", radius=3),
                  train=dict(steps=300, batch_size=16, lr=3e-3, warmup=20, eval_every=100, ckpt_every=100),
                  data=dict(spec="molecules")),

@@ -262,7 +262,7 @@ class _Parser(argparse.ArgumentParser):
 PATTERN_FLAGS = {  # flag -> (model field, type, help)
     "window": (int, "band/diffuser window in tokens (default: two rows for band, one for diffuser)"),
     "radius": (int, "local2d neighbourhood radius in pixels"),
-    "block": (int, "bigbird/diffuser block size in tokens (default: one row)"),
+    "block": (int, "bigbird/diffuser block size in tokens (default 32 or 64; the GPU kernels take 16..128)"),
     "window_blocks": (int, "bigbird sliding-window blocks (current block included)"),
     "global_blocks": (int, "bigbird global (sink) blocks"),
     "random_blocks": (int, "bigbird random blocks per query block"),
