@@ -182,10 +182,12 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
     last_good = resolve(out) if has_ckpt and resume else None
     tok_per_step = t.batch_size * cfg.model.seq_len
     t_last, s_last = time.time(), step
-    metrics = {}
+    metrics, data_time = {}, 0.0
     while step < t.steps:
+        t_data = time.perf_counter()
         idx = batch_indices(step, t.batch_size, len(train_tok), t.seed)[rank::world]
         x = train_tok[idx].long().to(device)
+        data_time += time.perf_counter() - t_data
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
         with _autocast(device):
@@ -208,9 +210,10 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
         if step % t.log_every == 0 or step == t.steps:
             now = time.time()
             tps = tok_per_step * (step - s_last) / max(1e-9, now - t_last)
-            t_last, s_last = now, step
+            data_frac = data_time / max(1e-9, now - t_last)
+            t_last, s_last, data_time = now, step, 0.0
             bar.set_postfix(bpd=f"{bpd:.3f}", tok_s=f"{tps:.0f}")
-            logger.log(step, train_bpd=bpd, lr=lr_at(step - 1, cfg), tokens_per_s=tps)
+            logger.log(step, train_bpd=bpd, lr=lr_at(step - 1, cfg), tokens_per_s=tps, data_wait_frac=data_frac)
         if main_proc and (step % t.eval_every == 0 or step == t.steps):
             val = evaluate_bpd(model, splits["val"][: t.eval_images], t.batch_size, device)
             logger.log(step, val_bpd=val)
