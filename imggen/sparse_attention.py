@@ -201,11 +201,13 @@ class _BlockedAttention(torch.autograd.Function):
         scale = 1.0 / math.sqrt(d)
         qp = _pad_queries(q, w.nqb, block)
         kp, vp = w.pad(k), w.pad(v)
-        probs = q.new_empty(b * h, w.nqb, block, w.span)
+        training = any(ctx.needs_input_grad[:3])  # inference reuses one probability buffer
+        probs = q.new_empty(b * h if training else 1, w.nqb, block, w.span)
         out = q.new_empty(b * h, w.nqb, block, d)
         for i in range(b * h):
-            _probs(w, qp[i], kp[i], i % h, scale, out=probs[i])
-            torch.bmm(probs[i], w(vp[i], i % h), out=out[i])
+            p = probs[i if training else 0]
+            _probs(w, qp[i], kp[i], i % h, scale, out=p)
+            torch.bmm(p, w(vp[i], i % h), out=out[i])
         ctx.save_for_backward(qp, kp, vp, probs)
         ctx.w, ctx.dims = w, (b, h, n, d, scale)
         return out.view(b, h, -1, d)[:, :, :n]
