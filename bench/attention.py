@@ -4,16 +4,19 @@
     python bench/attention.py --n 4096 --reps 2    # quicker
 
 Forward and forward+backward wall time (median over reps, after a warm-up) and peak memory of one
-forward+backward (growth of the process's peak resident set, reset before the call; Linux only).
+forward+backward (growth of the peak resident set of a fresh process, reset before the call, with
+glibc's mmap threshold fixed so freed blocks leave; Linux only).
 FlexAttention (torch.compile'd, same mask) is timed forward only: it has no CPU backward.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
 import re
+import subprocess
 import statistics
 import sys
 import time
@@ -64,8 +67,9 @@ def flex_forward(pat, n, h, d):
     def mask_mod(b, hh, qi, kj):
         return pat.allowed(qi, kj, 0)
 
+    torch._dynamo.reset()  # a fresh static-shape compile per size
     bm = create_block_mask(mask_mod, 1, 1, n, n, device="cpu")
-    fa = torch.compile(flex_attention)
+    fa = torch.compile(flex_attention, dynamic=False)
     q, k, v = inputs(n, h, d, grad=False)
 
     def fn():
@@ -79,15 +83,36 @@ def _status_mb(field: str) -> float:
         return int(re.search(field + r":\s+(\d+)", f.read()).group(1)) / 1024
 
 
-def peak_mb(fn) -> float:
+def _fixed_mmap_threshold():
+    """Large blocks always come from mmap and go back to the OS when freed (glibc otherwise raises its
+    mmap threshold after the first free and keeps later blocks in the heap, hiding their peaks)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
+    except OSError:
+        pass
+
+
+def _peak_here(fn) -> float:
     """Peak resident-memory growth (MB) while fn runs: the kernel's high-water mark (VmHWM) is
     reset through /proc/self/clear_refs, so this counts every allocation, not only torch's."""
+    _fixed_mmap_threshold()
     fn()  # warm-up: plans and lazily built tables are not attention memory
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     base = _status_mb("VmRSS")
     fn()
     return _status_mb("VmHWM") - base
+
+
+def peak_mb(method: str, kind: str, n: int, args) -> float:
+    """Peak memory of one forward+backward, measured in a fresh process (the allocator setting it
+    needs would slow the timings of this one)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--peak", method, kind, "--n", str(n),
+           "--heads", str(args.heads), "--dim", str(args.dim), "--window", str(args.window),
+           "--radius", str(args.radius)]
+    return float(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()[-1])
 
 
 def main(argv=None):
@@ -100,15 +125,22 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention (saves compile time)")
     ap.add_argument("--json", help="also write the rows as JSON here")
+    ap.add_argument("--peak", nargs=2, metavar=("METHOD", "KIND"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     h, d = args.heads, args.dim
+    if args.peak:  # child process of peak_mb
+        method, kind = args.peak
+        n = args.n[0]
+        pat = patterns(n, args.window, args.radius)[kind]
+        print(_peak_here(lambda: run(method, pat, *inputs(n, h, d), True)))
+        return
     rows = []
     for n in args.n:
         pats = patterns(n, args.window, args.radius)
         sd_f = timeit(lambda: run("sdpa", None, *inputs(n, h, d, grad=False), False), args.reps)
         sd_fb = timeit(lambda: run("sdpa", None, *inputs(n, h, d), True), args.reps)
         rows.append(dict(n=n, method="dense causal SDPA", fwd=sd_f, fwdbwd=sd_fb,
-                         mem=peak_mb(lambda: run("sdpa", None, *inputs(n, h, d), True))))
+                         mem=peak_mb("sdpa", "band", n, args)))
         for kind, pat in pats.items():
             qkv_ng, qkv = inputs(n, h, d, grad=False), inputs(n, h, d)
             with torch.no_grad():
@@ -116,7 +148,7 @@ def main(argv=None):
             fb = timeit(lambda: run("cpu", pat, *qkv, True), args.reps)
             flex = None if args.no_flex else timeit(flex_forward(pat, n, h, d), args.reps)
             rows.append(dict(n=n, method=f"imggen cpu {kind}", fwd=f, fwdbwd=fb, flex_fwd=flex,
-                             mem=peak_mb(lambda: run("cpu", pat, *inputs(n, h, d), True)),
+                             mem=peak_mb("cpu", kind, n, args),
                              vs_sdpa_fwdbwd=sd_fb / fb, vs_sdpa_fwd=sd_f / f,
                              flex_over_ours_fwd=None if flex is None else f / flex))
     print(f"\nCPU attention, H={h}, D={d}, band window {args.window}, local2d radius {args.radius} "
