@@ -143,7 +143,7 @@ PRESETS: dict[str, dict] = {
     # CPU demo: 32x32 molecule drawings, trains in a few minutes on 2 cores.
     "demo": dict(model=dict(height=32, width=32, channels=1, bits=8, dim=96, layers=4, heads=3,
                             attention="local2d,band", radius=3),
-                 train=dict(steps=300, batch_size=16, lr=3e-3, warmup=20, eval_every=100, ckpt_every=100),
+                 train=dict(steps=600, batch_size=16, lr=3e-3, warmup=30, eval_every=200, ckpt_every=200),
                  data=dict(spec="molecules")),
     "mol128": dict(model=dict(height=128, width=128, channels=1, bits=8, dim=256, layers=8, heads=8,
                               attention="band", window=512),

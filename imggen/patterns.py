@@ -103,6 +103,24 @@ class Pattern:
         lo = self.oldest_key(t, head)
         return sorted({k for k in self.kept_keys(t, n, head) if k < lo} | set(range(lo, t)))
 
+    def random_of(self, qb: int, head: int) -> tuple[int, ...]:
+        """Random keys (diffuser) or key blocks (bigbird) drawn for query block qb."""
+        return ()
+
+    @functools.lru_cache(maxsize=256)
+    def _random_table(self, nqb: int, head: int) -> torch.Tensor:
+        """(nqb, r) table of random_of(qb, head), padded with -2 (matches nothing)."""
+        rows = [self.random_of(qb, head) for qb in range(nqb)]
+        table = torch.full((nqb, max([1] + [len(r) for r in rows])), -2, dtype=torch.long)
+        for qb, r in enumerate(rows):
+            table[qb, : len(r)] = torch.tensor(r, dtype=torch.long)
+        return table
+
+    def _random_hit(self, qb: torch.Tensor, key: torch.Tensor, head: int) -> torch.Tensor:
+        """Whether `key` is among the random picks of query block `qb` (broadcast tensors)."""
+        nqb = int(qb.max()) + 1 if qb.numel() else 1
+        return (self._random_table(nqb, head).to(qb.device)[qb] == key[..., None]).any(-1)
+
 
 @dataclass(frozen=True)
 class Full(Pattern):
@@ -220,20 +238,12 @@ class BigBird(Pattern):
         pick = _rng(self.seed, self.layer, head, qb).choice(cands, size=min(self.random_blocks, len(cands)), replace=False)
         return tuple(sorted(int(x) for x in pick))
 
-    def _random_table(self, nqb: int, head: int) -> torch.Tensor:
-        t = torch.full((nqb, max(1, self.random_blocks)), -2, dtype=torch.long)
-        for qb in range(nqb):
-            r = self.random_of(qb, head)
-            t[qb, : len(r)] = torch.tensor(r, dtype=torch.long)
-        return t
-
     def _rule(self, i, j, head):
         qb = torch.div(i, self.block, rounding_mode="floor")
         kb = torch.div(j, self.block, rounding_mode="floor")
         ok = (qb - kb < self.window_blocks) | (kb < self.global_blocks)
         if self.random_blocks:
-            table = self._random_table(int(qb.max()) + 1 if qb.numel() else 1, head).to(i.device)
-            ok = ok | (table[qb] == kb[..., None]).any(-1)
+            ok = ok | self._random_hit(qb, kb, head)
         return ok
 
     def key_ranges(self, q0, q1, head=0):
@@ -292,13 +302,7 @@ class Diffuser(Pattern):
     def _rule(self, i, j, head):
         ok = (i - j < self.window) | (j < self.global_tokens)
         if self.random_edges:
-            qb = torch.div(i, self.block, rounding_mode="floor")
-            nqb = int(qb.max()) + 1 if qb.numel() else 1
-            table = torch.full((nqb, self.random_edges), -2, dtype=torch.long)
-            for b in range(nqb):
-                r = self.random_of(b, head)
-                table[b, : len(r)] = torch.tensor(r, dtype=torch.long)
-            ok = ok | (table.to(i.device)[qb] == j[..., None]).any(-1)
+            ok = ok | self._random_hit(torch.div(i, self.block, rounding_mode="floor"), j, head)
         return ok
 
     def key_ranges(self, q0, q1, head=0):
