@@ -54,10 +54,9 @@ from imggen.cache import make_caches  # noqa: E402
 from imggen.config import Config, DataConfig, ModelConfig, TrainConfig  # noqa: E402
 from imggen.eval.bpd import bits_per_dim  # noqa: E402
 from imggen.images import save_grid  # noqa: E402
-from imggen.model import ImageTransformer  # noqa: E402
 from imggen.sampling import detokenize, sample, teacher_force  # noqa: E402
 from imggen.tokens import tokenize  # noqa: E402
-from imggen.training import _autocast, batch_indices, lr_at  # noqa: E402
+from imggen.training import _autocast, batch_indices, build_model_and_optimizer, lr_at  # noqa: E402
 
 PATTERNS = ["full", "band", "local2d", "strided", "bigbird", "diffuser"]
 KINDS = {"mol": "molecules", "brats": "brats-demo"}
@@ -206,12 +205,7 @@ def model_config(args, setting: dict, kind: str, **pattern) -> ModelConfig:
 def train_model(cfg: Config, train_tok: torch.Tensor, device: str):
     """imggen.training.train's loop, timed per step. Returns (model, stats)."""
     t = cfg.train
-    torch.manual_seed(t.seed)
-    model = ImageTransformer(cfg.model).to(device)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=t.lr, betas=(0.9, 0.95))
+    model, opt = build_model_and_optimizer(cfg, device)
     model.train()
     saved = SavedBytes()
     if device.startswith("cuda"):

@@ -13,7 +13,6 @@ import os
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -96,6 +95,18 @@ class Logger:
             self.tb.flush()
 
 
+def build_model_and_optimizer(cfg: Config, device):
+    """The seeded model and its AdamW (weight decay on matrices only), as training starts them."""
+    t = cfg.train
+    torch.manual_seed(t.seed)
+    model = ImageTransformer(cfg.model).to(device)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=t.lr, betas=(0.9, 0.95))
+    return model, opt
+
+
 def _dist_setup():
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
@@ -143,12 +154,7 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
         raise CheckpointError(f"{out} already holds a checkpoint; pass --resume to continue it or "
                               f"--overwrite to start again (or choose another --out)")
 
-    torch.manual_seed(t.seed)
-    model = ImageTransformer(cfg.model).to(device)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=t.lr, betas=(0.9, 0.95))
+    model, opt = build_model_and_optimizer(cfg, device)
     step = 0
     if resume and has_ckpt:
         ckpt = resolve(out)

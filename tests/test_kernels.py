@@ -3,7 +3,6 @@
 Tolerance from a noise floor: the kernel's error against the float64 reference may be at most
 2x (plus a tiny absolute epsilon) the error of the reference backend run in the same precision.
 """
-import math
 
 import pytest
 import torch
