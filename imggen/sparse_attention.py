@@ -305,5 +305,42 @@ def blocked_attention(q, k, v, pattern: Pattern, block: int = DEFAULT_BLOCK) -> 
     if pattern.name == "full":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if pattern.name == "strided":
+        return _strided_attention(q, k, v, pattern, block)
     fn = _BlockedDiffusion if pattern.is_diffusion else _BlockedAttention
     return fn.apply(q, k, v, pattern, block)
+
+
+def _strided_attention(q, k, v, pattern: Pattern, block: int) -> torch.Tensor:
+    """Sparse Transformer heads without a block layout: even heads are a band of `stride`; odd heads
+    read keys j = i + shift - m*stride (m >= 1) plus their own position, i.e. one column of a grid
+    with `stride` columns in which query i sits at cell i + shift. The odd heads run as dense
+    strictly-causal attention down each column (O(N * N/stride) scores) with the diagonal key
+    appended to each row."""
+    from imggen.patterns import Band
+
+    b, h, n, d = q.shape
+    st, sh = pattern.stride, pattern.shift
+    out = torch.empty_like(q)
+    out[:, 0::2] = blocked_attention(q[:, 0::2], k[:, 0::2], v[:, 0::2], Band(window=st), block)
+    if h < 2:
+        return out
+    qo, ko, vo = q[:, 1::2], k[:, 1::2], v[:, 1::2]
+    rows = math.ceil((n + sh) / st)
+
+    def grid(x, lead):  # (B, Ho, n, D) -> (B, Ho, stride, rows, D), position p at cell p + lead
+        x = F.pad(x, (0, 0, lead, rows * st - n - lead))
+        return x.view(b, -1, rows, st, x.shape[-1]).transpose(2, 3)
+
+    scale = 1.0 / math.sqrt(d)
+    qc, kc, vc = grid(qo, sh), grid(ko, 0), grid(vo, 0)
+    s = torch.matmul(qc, kc.transpose(-1, -2)) * scale  # (B, Ho, stride, rows, rows)
+    r = torch.arange(rows, device=q.device)
+    key = r[None, None, :] * st + torch.arange(st, device=q.device)[:, None, None]  # (stride, 1, rows)
+    ok = (r[None, :, None] > r[None, None, :]) & (key >= sh) & (key < n)
+    s = s.masked_fill(~ok, float("-inf"))
+    diag = grid((qo * ko).sum(-1, keepdim=True) * scale, sh)  # own key, at the query's cell
+    p = torch.softmax(torch.cat([s, diag], dim=-1), dim=-1)
+    o = torch.matmul(p[..., :rows], vc) + p[..., rows:] * grid(vo, sh)
+    out[:, 1::2] = o.transpose(2, 3).reshape(b, -1, rows * st, d)[:, :, sh:sh + n]
+    return out

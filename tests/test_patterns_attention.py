@@ -16,6 +16,7 @@ CASES = [
     ("bigbird", dict(block=8, window_blocks=2, global_blocks=1, random_blocks=2, seed=3)),
     ("diffuser", dict(window=6, global_tokens=3, random_edges=3, block=8, steps=3, alpha=0.2, seed=1)),
     ("strided", dict(stride=7, shift=1)),
+    ("strided", dict(stride=5, shift=0)),
 ]
 
 
