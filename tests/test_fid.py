@@ -1,6 +1,7 @@
 """Frechet distance vs closed forms; pytorch-fid Inception path end to end on random weights."""
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -114,3 +115,13 @@ def test_inception_path_end_to_end_random_init(tmp_path, monkeypatch):
         other = fid(rgb, torch.flip(rgb, dims=[2]) // 2, model=model, batch_size=3)
     assert len(w) == 1 and "\n" not in str(w[0].message)
     assert other > 0
+
+
+@pytest.mark.skipif(not os.path.isfile(os.environ.get("IMGGEN_FID_WEIGHTS", "")),
+                    reason="real Inception weights not present (set IMGGEN_FID_WEIGHTS to pt_inception-2015-12-05-*.pth)")
+def test_real_weights_fid_of_a_set_against_itself_is_zero():
+    rng = np.random.default_rng(0)
+    imgs = torch.from_numpy(rng.integers(0, 256, size=(8, 3, 32, 32), dtype=np.uint8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert fid(imgs, imgs) == pytest.approx(0, abs=1e-3)
