@@ -552,14 +552,12 @@ def why_notes(rows) -> str:
     return f"""\
 - **Throughput decides equal-time results.** Training tokens/s relative to `full` ({rel}). On CPU,
   `full` runs PyTorch's fused causal `scaled_dot_product_attention`. In the blocked `cpu` backend
-  of `imggen.sparse_attention` only `band` reads its keys as a strided view (no copy); every other
-  sparse pattern gathers its layout's key blocks with `index_select` and folds the key/value
-  gradients back with `index_add_` (about half of a bigbird training step at 64x64 in a cProfile run).
-  `local2d` touches few blocks (r + 1 rows) so it stays fast; `strided` (odd heads: every W-th key,
-  i.e. one key block per row above: at 64x64 that gathers nearly every block, more work than
-  dense `full`), `bigbird` (window + global + random blocks) and `diffuser` touch many,
-  and where that makes them slower than dense `full` although they read fewer keys, they get fewer
-  steps at equal time and lose.
+  of `imggen.sparse_attention`, `band` reads its keys as a strided view (no copy) and `strided` runs
+  as a band plus dense attention down each image column; the other sparse patterns gather their
+  layout's key blocks with `index_select` and fold the key/value gradients back with `index_add_`.
+  `local2d` touches few blocks (r + 1 rows) so it stays fast; `bigbird` (window + global + random
+  blocks) and `diffuser` touch many, and where that makes them slower than dense `full` although
+  they read fewer keys, they get fewer steps at equal time and lose.
 - **diffuser's extra steps cost time:** K diffusion steps re-apply the sparse attention matrix K times
   (forward and backward), so its step time grows with K (see the K x alpha ablation); with K = 5 it is
   among the slowest patterns and at equal time gets correspondingly few steps.
