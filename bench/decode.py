@@ -103,8 +103,8 @@ def recompute_plan_bytes(model, n: int) -> int:
 
     worst = 0
     for p in model.patterns:
-        if p.name == "full":
-            continue  # causal scaled_dot_product_attention, no plan
+        if p.name in ("full", "band", "strided"):
+            continue  # SDPA / strided view / column attention: no block plan
         heads = range(model.config.heads) if p.heads_differ else range(1)
         m = max(p.block_layout(n, b, h).shape[1] for h in heads)
         worst = max(worst, len(heads) * -(-n // b) * b * m * b * 4)
