@@ -204,7 +204,7 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
         if not torch.isfinite(loss):
             bar.close()
             where = f"the last good checkpoint is {last_good}" if last_good else "no checkpoint was saved yet"
-            raise TrainingError(f"loss became {float(loss)} at step {step}; training stopped and {where}. "
+            raise TrainingError(f"loss became {float(loss.detach())} at step {step}; training stopped and {where}. "
                                 f"Lower --lr (now {t.lr}) or --train.grad_clip, then --resume")
         opt.zero_grad(set_to_none=True)
         loss.backward()
