@@ -15,6 +15,7 @@ import torch
 
 from imggen.errors import ShapeError
 from imggen.patterns import Pattern
+from imggen.sparse_attention import diffusion_states
 
 
 class KVCache:
@@ -95,7 +96,7 @@ class KVCache:
         self.v[:, :, slots] = v[:, :, pos].to(self.v.dtype)
         self.positions[slots] = pos
         if self.z is not None:
-            for s, z in enumerate(_diffusion_states(q, k, v, self.pattern)):
+            for s, z in enumerate(diffusion_states(q, k, v, self.pattern)):
                 self.z[s][:, :, slots] = z[:, :, pos].to(self.z.dtype)
 
     def retained_after(self, n0: int) -> torch.Tensor:
@@ -142,20 +143,6 @@ def decode_attention(q, k, v, bias, scale: float) -> torch.Tensor:
             except ShapeError:  # a dtype / head dim the kernel does not cover: PyTorch path
                 pass
     return torch.matmul(decode_probs(q, k, bias, scale), v)[:, :, 0]
-
-
-def _diffusion_states(q, k, v, pattern) -> list[torch.Tensor]:
-    """Z1..Z(K-1) of a diffuser layer for every position (blocked, no n x n tensor)."""
-    from imggen.sparse_attention import DEFAULT_BLOCK, blocked_probs
-
-    b, h, n, d = q.shape
-    p, gather = blocked_probs(q.float(), k.float(), pattern, DEFAULT_BLOCK)
-    z, out = v.float(), []
-    for _ in range(pattern.steps - 1):
-        az = (p @ gather(z)).reshape(b, h, -1, d)[:, :, :n]
-        z = (1 - pattern.alpha) * az + pattern.alpha * v.float()
-        out.append(z.to(v.dtype))
-    return out
 
 
 def make_caches(model, batch: int, cache: str = "full", device=None, dtype=None) -> list[KVCache]:

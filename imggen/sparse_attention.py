@@ -100,30 +100,6 @@ def _plan(pattern: Pattern, n: int, heads: int, block: int, device: str):
     return index.to(device), bias.to(device), m, hl
 
 
-def blocked_probs(q, k, pattern: Pattern, block: int = DEFAULT_BLOCK):
-    """Row-softmax of the scores over each query block's gathered keys.
-
-    Returns (P (B, H, nqb, block, m*block), gather(x) -> (B, H, nqb, m*block, D), n_pad).
-    Differentiable with plain autograd.
-    """
-    b, h, n, d = q.shape
-    nqb = math.ceil(n / block)
-    index, bias, m, hl = _plan(pattern, n, h, block, str(q.device))
-
-    def gather(x):
-        xb = F.pad(x, (0, 0, 0, nqb * block - n + block)).view(b, h, nqb + 1, block, d)
-        if hl == 1:
-            g = xb.index_select(2, index)  # index only names blocks of head 0's table
-            return g.view(b, h, nqb, m * block, d)
-        g = xb.reshape(b, h * (nqb + 1), block, d).index_select(1, index)
-        return g.view(b, h, nqb, m * block, d)
-
-    qb = F.pad(q, (0, 0, 0, nqb * block - n)).view(b, h, nqb, block, d)
-    s = torch.matmul(qb, gather(k).transpose(-1, -2)) * (1.0 / math.sqrt(d))
-    p = torch.softmax(s + bias.to(s.dtype), dim=-1)
-    return p, gather
-
-
 class _Windows:
     """Per-query-block key windows of one (batch, head) slice, and their transpose (fold).
 
@@ -231,6 +207,35 @@ class _BlockedAttention(torch.autograd.Function):
         return dq.view(b, h, -1, d)[:, :, :n], w.unpad(dk, shape), w.unpad(dv, shape), None, None
 
 
+def _diffusion_forward(q, k, v, pattern: Pattern, block: int):
+    """Edge softmax A once per (batch, head), then Z0 = V, Z(k+1) = (1 - alpha) A Z(k) + alpha V.
+    Returns (windows, padded q, padded k, A, [Z0 .. Z(steps)] in the padded key layout)."""
+    b, h, n, d = q.shape
+    w = _Windows(pattern, n, h, block, q.dtype, q.device)
+    scale, alpha = 1.0 / math.sqrt(d), pattern.alpha
+    qp = _pad_queries(q, w.nqb, block)
+    kp, vp = w.pad(k), w.pad(v)
+    probs = q.new_empty(b * h, w.nqb, block, w.span)
+    for i in range(b * h):
+        _probs(w, qp[i], kp[i], i % h, scale, out=probs[i])
+    zs = [vp]
+    for _ in range(pattern.steps):
+        z = zs[-1]
+        nz = vp * alpha
+        for i in range(b * h):
+            az = torch.bmm(probs[i], w(z[i], i % h)).view(-1, d)
+            nz[i, w.lpad:w.lpad + az.shape[0]].add_(az, alpha=1 - alpha)
+        zs.append(nz)
+    return w, qp, kp, probs, zs
+
+
+def diffusion_states(q, k, v, pattern: Pattern, block: int = DEFAULT_BLOCK) -> list[torch.Tensor]:
+    """Z1..Z(steps-1) of a diffuser layer at every position, each (B, H, N, D) (cache prefill)."""
+    with torch.no_grad():
+        w, *_, zs = _diffusion_forward(q.contiguous(), k.contiguous(), v.contiguous(), pattern, block)
+    return [w.unpad(z, q.shape) for z in zs[1:-1]]
+
+
 class _BlockedDiffusion(torch.autograd.Function):
     """Diffuser: A = softmax on the sparse graph once (kept block-sparse, O(N * span) memory), then
     Z(k+1) = (1 - alpha) A Z(k) + alpha V for `steps` steps, each a block-sparse product reusing A.
@@ -240,23 +245,9 @@ class _BlockedDiffusion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, pattern, block):
         b, h, n, d = q.shape
-        w = _Windows(pattern, n, h, block, q.dtype, q.device)
-        scale, alpha = 1.0 / math.sqrt(d), pattern.alpha
-        qp = _pad_queries(q, w.nqb, block)
-        kp, vp = w.pad(k), w.pad(v)
-        probs = q.new_empty(b * h, w.nqb, block, w.span)
-        for i in range(b * h):
-            _probs(w, qp[i], kp[i], i % h, scale, out=probs[i])
-        zs = [vp]
-        for _ in range(pattern.steps):
-            z = zs[-1]
-            nz = vp * alpha
-            for i in range(b * h):
-                az = torch.bmm(probs[i], w(z[i], i % h)).view(-1, d)
-                nz[i, w.lpad:w.lpad + az.shape[0]].add_(az, alpha=1 - alpha)
-            zs.append(nz)
+        w, qp, kp, probs, zs = _diffusion_forward(q, k, v, pattern, block)
         ctx.save_for_backward(qp, kp, probs, *zs[:-1])
-        ctx.w, ctx.dims = w, (b, h, n, d, scale, alpha)
+        ctx.w, ctx.dims = w, (b, h, n, d, 1.0 / math.sqrt(d), pattern.alpha)
         return w.unpad(zs[-1], (b, h, n, d))
 
     @staticmethod
