@@ -13,6 +13,7 @@ import io
 import json
 import multiprocessing as mp
 import os
+import sys
 import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -199,14 +200,17 @@ def _cache_key(smiles: list[str], style: MolStyle) -> str:
 
 
 def render_smiles(smiles, height: int, width: int, style: MolStyle | None = None, workers: int = 2,
-                  cache_dir=None, progress: bool = True, use_cache: bool = True):
+                  cache_dir=None, progress: bool = True, use_cache: bool = True, report: bool = True):
     """Draw SMILES -> (uint8 images (N, 1, H, W), kept indices into `smiles`).
 
-    Invalid SMILES and molecules too large for the fixed scale are skipped; one warning gives the
-    counts. Results are cached on disk under a hash of (SMILES list, style, size).
+    Invalid SMILES and molecules too large for the fixed scale are skipped; with `report`, one line
+    on stderr gives the counts and the reason (`skipped_message`). Results are cached on disk under a
+    hash of (SMILES list, style, size).
     """
+    style = replace(style or style_for(height, width), height=height, width=width)
     images, status = _render(smiles, height, width, style, workers, cache_dir, progress, use_cache)
-    _warn_skipped(status)
+    if report:
+        _report_skipped(status, style)
     return images, np.flatnonzero(status == OK)
 
 
@@ -261,11 +265,26 @@ def _counts(status) -> dict:
             "too_large": int((status == TOO_LARGE).sum()), "kept": int((status == OK).sum())}
 
 
-def _warn_skipped(status):
+def skipped_message(status, style: MolStyle, source=None) -> str | None:
+    """One line saying how many molecules were skipped and why, or None when all were drawn."""
     c = _counts(status)
-    if c["invalid"] or c["too_large"]:
-        warnings.warn(f"molecules: skipped {c['invalid']} invalid SMILES and {c['too_large']} too large "
-                      f"for the fixed drawing scale; kept {c['kept']} of {c['read']}", stacklevel=3)
+    if not (c["invalid"] or c["too_large"]):
+        return None
+    src = f" from {Path(source).name}" if source is not None else ""
+    why = [f"{c['invalid']} invalid SMILES"] if c["invalid"] else []
+    if c["too_large"]:
+        bigger = "--preset mol128 (128x128)" if min(style.height, style.width) < 128 else \
+            "a larger --model.height/--model.width"
+        why.append(f"{c['too_large']} ({c['too_large'] / c['read']:.0%}) too large: every molecule is drawn at "
+                   f"one bond length ({style.bond_length:g} px, style {style.name}) and never shrunk, so one "
+                   f"whose drawing would not fit {style.height}x{style.width} is left out; {bigger} keeps more")
+    return f"molecules: kept {c['kept']} of {c['read']}{src}; skipped " + "; ".join(why)
+
+
+def _report_skipped(status, style: MolStyle, source=None) -> None:
+    msg = skipped_message(status, style, source)
+    if msg:  # one plain line on stderr: warnings.warn would also print a source line
+        print(msg, file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------- adapter
@@ -290,7 +309,7 @@ def load(path=None, *, height: int, width: int, channels: int = 1, seed: int = 0
         smiles = smiles[:int(limit)]
     style = replace(style or style_for(height, width), height=height, width=width)
     images, status = _render(smiles, height, width, style, workers, cache_dir, progress, True)
-    _warn_skipped(status)
+    _report_skipped(status, style, src)
     kept = np.flatnonzero(status == OK)
     if len(kept) == 0:
         raise DataError(f"{src}: none of the {len(smiles)} molecules could be drawn at {height}x{width} "

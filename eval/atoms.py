@@ -1,17 +1,17 @@
 """Atom-bond accuracy of molecule images: OSRA reads each image back into a molecule.
 
-Per image: array -> preprocessed PNG -> `osra -f can` -> SMILES -> RDKit molecule, then
-chemistry checks (valence, bond types, sanitisation) and, given reference SMILES, exact match
-and bond-type agreement. `calibrate` runs the same on ground-truth drawings: the ceiling that
-generated images should be judged against.
+Per image: array -> PNG (light-grey strokes stretched to black, upscaled) -> `osra -f can` ->
+SMILES -> RDKit molecule, then chemistry checks (valence, bond types, sanitisation) and, given
+reference SMILES, exact match and bond-type agreement. `calibrate` runs the same on ground-truth
+drawings: the ceiling that generated images should be judged against.
 """
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
 import tempfile
-import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,10 +21,18 @@ from imggen.errors import ImggenError, ShapeError
 
 KEYS = ("recognised", "atom_valence_ok", "bond_ok", "sanitises", "exact_match", "bond_type_agreement")
 # OSRA reads best with bonds ~40 px: smaller images are upscaled by an integer factor to about
-# this side (128 -> x3, 256 -> x2); Lanczos beat bicubic/nearest, binarising (PBM) lost thin lines
+# this side (128 -> x3, 256 -> x2); Lanczos beat bicubic/nearest
 TARGET_SIDE = 400
+# Grey strokes before OSRA (bench/results/osra_binarise.md): "stretch" brings light-grey strokes to
+# full contrast and leaves black-and-white drawings as they are. Binarising (a fixed threshold or
+# Otsu) was measured too and lost: it thickens or breaks thin strokes of black-and-white drawings.
+INK = "stretch"
 BORDER = 20          # white margin added around the image, px (after upscaling)
 OSRA_ARGS = ("-f", "can")
+# OSRA's exact match on true drawings (`calibrate`, 100 seeded MOSES molecules, the project's
+# styles; bench/results/osra_binarise.md): below ~160 px it cannot read the atom labels
+CEILINGS = {500: 0.97, 256: 0.81, 192: 0.37, 160: 0.15, 128: 0.04}
+READABLE_SIDE = 160
 
 
 class OsraNotFound(ImggenError, RuntimeError):
@@ -39,31 +47,83 @@ def find_osra() -> str:
     return exe
 
 
-def prepare(img: np.ndarray, target_side: int = TARGET_SIDE, border: int = BORDER, resample: str = "lanczos"):
-    """uint8 (H, W) grayscale -> PIL image OSRA reads well: upscaled (Lanczos), padded with white."""
+def stretch_ink(img: np.ndarray, light: int = 140, faint: int = 200, window: int = 5) -> np.ndarray:
+    """uint8 (H, W) -> light-grey strokes at full contrast, everything else unchanged.
+
+    m = the darkest value within `window` px of a pixel. Where light <= m <= faint (a light-grey
+    stroke: RDKit's yellow S, cyan F or orange P turned grey, a faint stroke of a sample), the
+    pixel's darkness (255 - v) is scaled by 255 / (255 - m): the stroke gets a black core and keeps
+    its anti-aliased edge. Darker strokes (every stroke of a black-and-white drawing) and fainter
+    specks are left as they are.
+    """
+    from scipy.ndimage import minimum_filter
+    m = minimum_filter(img, size=window).astype(np.float32)
+    stroke = (m >= light) & (m <= faint)
+    scale = np.ones_like(m)
+    scale[stroke] = 255.0 / (255.0 - m[stroke])
+    return np.clip(255.0 - (255.0 - img) * scale, 0, 255).round().astype(np.uint8)
+
+
+def binarise(img: np.ndarray, threshold) -> np.ndarray:
+    """uint8 (H, W) -> 0 (ink) / 255 (paper): ink is darker than `threshold` (an int 1..255), or
+    not above skimage's Otsu threshold of this image for "otsu". A blank image is returned unchanged."""
+    if img.min() == img.max():
+        return img
+    if threshold == "otsu":
+        from skimage.filters import threshold_otsu
+        return np.where(img <= threshold_otsu(img), 0, 255).astype(np.uint8)
+    return np.where(img < threshold, 0, 255).astype(np.uint8)
+
+
+def _check_ink(ink) -> None:
+    if ink in (None, "stretch", "otsu") or (isinstance(ink, (int, np.integer)) and not isinstance(ink, bool)
+                                            and 1 <= ink <= 255):
+        return
+    raise ValueError(f"ink must be 'stretch', 'otsu', a threshold 1..255 or None, got {ink!r}")
+
+
+def prepare(img: np.ndarray, ink=INK, target_side: int = TARGET_SIDE, border: int = BORDER,
+            resample: str = "lanczos"):
+    """uint8 (H, W) grey or (H, W, 3) colour -> PIL image OSRA reads well, padded with white.
+
+    ink="stretch": light-grey strokes to full contrast (`stretch_ink`), then upscaled (Lanczos);
+    "otsu" or an int: upscaled, then binarised; None: only upscaled. Colour images are only upscaled.
+    """
     from PIL import Image, ImageOps
+    _check_ink(ink)
+    if img.ndim == 3:
+        ink = None
+    if ink == "stretch":
+        img, ink = stretch_ink(img), None
     im = Image.fromarray(np.ascontiguousarray(img))
-    scale = max(1, round(target_side / max(img.shape)))
+    scale = max(1, round(target_side / max(img.shape[:2])))
     if scale > 1:
         filt = {"lanczos": Image.LANCZOS, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}[resample]
         im = im.resize((img.shape[1] * scale, img.shape[0] * scale), filt)
-    return ImageOps.expand(im, border=border, fill=255)
+    if ink is not None:
+        im = Image.fromarray(binarise(np.asarray(im), ink))
+    return ImageOps.expand(im, border=border, fill="white")
 
 
-def _osra(exe: str, img: np.ndarray, timeout: float, tmpdir: str, i: int) -> tuple[str, str]:
-    """(status, smiles): status 'ok', 'failed' (no output / error) or 'timeout'."""
-    path = os.path.join(tmpdir, f"img{i}.png")
-    prepare(img).save(path)
+def _run_osra(exe: str, path: str, timeout: float) -> tuple[str, str]:
+    """(status, smiles) of one image file: status 'ok', 'failed' (no output / error) or 'timeout'."""
     try:
         r = subprocess.run([exe, *OSRA_ARGS, path], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return "timeout", ""
     except OSError:
         return "failed", ""
-    finally:
-        os.unlink(path)
     out = ".".join(line.split()[0] for line in r.stdout.splitlines() if line.strip())
     return ("ok" if r.returncode == 0 and out else "failed"), out
+
+
+def _osra(exe: str, img: np.ndarray, timeout: float, tmpdir: str, i: int, ink=INK) -> tuple[str, str]:
+    path = os.path.join(tmpdir, f"img{i}.png")
+    prepare(img, ink).save(path)
+    try:
+        return _run_osra(exe, path, timeout)
+    finally:
+        os.unlink(path)
 
 
 # ----------------------------------------------------------------------------- chemistry
@@ -155,8 +215,18 @@ def _as_batch(images) -> np.ndarray:
 
 
 def atom_bond_accuracy(images, smiles=None, workers: int = 2, timeout: float = 30,
-                       return_per_image: bool = False) -> dict:
+                       return_per_image: bool = False, ink=INK) -> dict:
     """OSRA-based chemistry metrics of molecule images uint8 (B, 1, H, W); fractions in [0, 1].
+
+    Before OSRA reads an image, light-grey strokes are brought to full contrast (ink="stretch",
+    `stretch_ink`) and small images are upscaled to ~400 px. Grey drawings read worse than black
+    ones: RDKit's colour drawings turned grey read 22/40 exactly at 500 px against 38/40 in colour,
+    36/40 after the stretch. Binarising was calibrated too and not chosen: a fixed threshold of
+    190-200 (the best ones on those grey drawings: 35/40, 34/40) lowers the black-and-white
+    ceilings from 0.97 to 0.75 at 500 px and from 0.81 to 0.12 at 256 px (at 200); Otsu does not fix
+    grey labels (22/40) and lowers the 256 px ceiling to 0.43 (`calibrate_binarisation`,
+    bench/results/osra_binarise.md).
+    ink="otsu", an int threshold or None (as is) are there for such comparisons.
 
     recognised: OSRA gave a parseable molecule; atom_valence_ok / bond_ok: per-image fraction of
     atoms with an allowed valence / bonds of a valid type (unrecognised images count 0);
@@ -167,9 +237,15 @@ def atom_bond_accuracy(images, smiles=None, workers: int = 2, timeout: float = 3
     images = _as_batch(images)
     if smiles is not None and len(smiles) != len(images):
         raise ShapeError(f"atom_bond_accuracy: {len(images)} images but {len(smiles)} reference SMILES")
+    _check_ink(ink)
     with tempfile.TemporaryDirectory(prefix="imggen-osra-") as tmp, \
             ThreadPoolExecutor(max(1, workers)) as pool:
-        outs = list(pool.map(lambda i: _osra(exe, images[i, 0], timeout, tmp, i), range(len(images))))
+        outs = list(pool.map(lambda i: _osra(exe, images[i, 0], timeout, tmp, i, ink), range(len(images))))
+    return _summarise(outs, smiles, return_per_image)
+
+
+def _summarise(outs, smiles, return_per_image: bool) -> dict:
+    """Metrics over OSRA outputs [(status, smiles)], optionally against reference `smiles`."""
     rows = []
     for i, (status, smi) in enumerate(outs):
         row = _chem(smi)
@@ -189,19 +265,68 @@ def atom_bond_accuracy(images, smiles=None, workers: int = 2, timeout: float = 3
     return res
 
 
-def calibrate(smiles, height: int, width: int, style=None, workers: int = 2, timeout: float = 30) -> dict:
+def calibrate(smiles, height: int, width: int, style=None, workers: int = 2, timeout: float = 30,
+              ink=INK) -> dict:
     """The metrics on ground-truth drawings of `smiles` (the ceiling for generated images).
 
     Molecules that cannot be drawn at this size are left out; `drawn` counts the ones scored.
+    Images are prepared for OSRA as in `atom_bond_accuracy` (same `ink`).
     """
     from imggen.datasets.molecules import render_smiles
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        images, kept = render_smiles(list(smiles), height, width, style=style, workers=1,
-                                     progress=False, use_cache=False)
-    res = atom_bond_accuracy(images, [smiles[i] for i in kept], workers=workers, timeout=timeout)
+    images, kept = render_smiles(list(smiles), height, width, style=style, workers=1,
+                                 progress=False, use_cache=False, report=False)
+    res = atom_bond_accuracy(images, [smiles[i] for i in kept], workers=workers, timeout=timeout,
+                             ink=ink)
     res["drawn"] = len(kept)
     return res
+
+
+def draw_default(smiles: str, size: int) -> np.ndarray:
+    """RDKit's default drawing of `smiles` (colour atom labels, scaled to fit): uint8 (size, size, 3)."""
+    from PIL import Image
+    from rdkit import Chem
+    from rdkit.Chem.Draw import rdMolDraw2D
+    d = rdMolDraw2D.MolDraw2DCairo(size, size)
+    rdMolDraw2D.PrepareAndDrawMolecule(d, Chem.MolFromSmiles(smiles))
+    d.FinishDrawing()
+    return np.asarray(Image.open(io.BytesIO(d.GetDrawingText())).convert("RGB"))
+
+
+def to_grey(rgb: np.ndarray) -> np.ndarray:
+    """uint8 (N, H, W, 3) -> (N, H, W) with PIL's ITU-R 601 luma (L = 0.299 R + 0.587 G + 0.114 B)."""
+    from PIL import Image
+    return np.stack([np.asarray(Image.fromarray(x).convert("L")) for x in rgb])
+
+
+def calibrate_binarisation(smiles, sizes=(500, 256), inks=(None, "stretch", "otsu", 160, 180, 190, 200, 210, 230),
+                           workers: int = 2, timeout: float = 30) -> list[dict]:
+    """OSRA on RDKit's default colour drawings of `smiles`, in colour and turned grey, per size.
+
+    Rows {size, input, ink, n, exact_match, recognised, ...}: input "colour" is the colour drawing
+    (upscaled like the grey ones); input "grey" is its grayscale version through
+    `atom_bond_accuracy` with each of `inks` (None = as is; an int = binarised at that threshold).
+    """
+    exe, rows = find_osra(), []
+    for size in sizes:
+        colour = np.stack([draw_default(s, size) for s in smiles])
+        with tempfile.TemporaryDirectory(prefix="imggen-osra-") as tmp, \
+                ThreadPoolExecutor(max(1, workers)) as pool:
+            outs = list(pool.map(lambda i: _osra(exe, colour[i], timeout, tmp, i), range(len(smiles))))
+        rows.append({"size": size, "input": "colour", "ink": None, **_summarise(outs, smiles, False)})
+        grey = to_grey(colour)[:, None]
+        for ink in inks:
+            rows.append({"size": size, "input": "grey", "ink": ink,
+                         **atom_bond_accuracy(grey, smiles, workers=workers, timeout=timeout, ink=ink)})
+    return rows
+
+
+def readable_note(height: int, width: int) -> str | None:
+    """One line for reports on images too small for OSRA to read, else None."""
+    if min(height, width) >= READABLE_SIDE:
+        return None
+    measured = ", ".join(f"{v:.2f} at {k} px" for k, v in CEILINGS.items())
+    return (f"OSRA cannot read molecule drawings below ~{READABLE_SIDE} px, so atom-bond figures of "
+            f"{height}x{width} images say little (exact match on true drawings: {measured})")
 
 
 def atoms_report(images, smiles, height: int, width: int, style=None, workers: int = 2) -> dict:

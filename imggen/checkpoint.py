@@ -1,25 +1,40 @@
-"""Checkpoints: safetensors weights + JSON config + optimizer/RNG state, written atomically.
+"""Checkpoints: safetensors weights + JSON config + optimizer/RNG state, written atomically, verified when read.
 
 Layout of a run directory:
     RUN/config.json                     the run's full config
-    RUN/checkpoints/step_000200/        model.safetensors, config.json, state.pt
+    RUN/checkpoints/step_000200/        model.safetensors, config.json, state.pt, manifest.json
     RUN/checkpoints/LATEST              name of the newest complete checkpoint (replaced atomically)
 
 A checkpoint directory is written under a temporary name and renamed when complete; LATEST is
 replaced only afterwards, so a process killed while saving leaves the previous checkpoint loadable.
+manifest.json records each file's size and sha256; reading checks them. LATEST is a hint: when it
+is missing, names a removed folder or a corrupt checkpoint, the newest step_* folder that verifies
+is used instead (one warning line on stderr names what was skipped). Checkpoints written before
+manifests existed are checked as far as their files allow (safetensors header, config JSON,
+state.pt zip CRCs).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
+import sys
 import tempfile
+import zipfile
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from imggen.config import Config
 from imggen.errors import CheckpointError, ConfigError
+
+MANIFEST = "manifest.json"
+REQUIRED = ("model.safetensors", "config.json")
+_STEP = re.compile(r"step_\d+")
+_warned: set[str] = set()
 
 
 def _atomic_write_text(path: str, text: str) -> None:
@@ -29,6 +44,25 @@ def _atomic_write_text(path: str, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_manifest(ckpt_dir: str) -> None:
+    files = {}
+    for name in sorted(os.listdir(ckpt_dir)):
+        path = os.path.join(ckpt_dir, name)
+        files[name] = {"size": os.path.getsize(path), "sha256": _sha256(path)}
+    with open(os.path.join(ckpt_dir, MANIFEST), "w") as f:
+        json.dump({"files": files}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def save_checkpoint(run_dir: str, step: int, model, cfg: Config, state: dict | None = None, keep: int = 2) -> str:
@@ -42,31 +76,157 @@ def save_checkpoint(run_dir: str, step: int, model, cfg: Config, state: dict | N
         f.write(cfg.to_json())
     if state is not None:
         torch.save(state, os.path.join(tmp, "state.pt"))
+    _write_manifest(tmp)
     final = os.path.join(ckpts, name)
     if os.path.exists(final):
         shutil.rmtree(final)
     os.replace(tmp, final)
     _atomic_write_text(os.path.join(ckpts, "LATEST"), name)
-    old = sorted(d for d in os.listdir(ckpts) if d.startswith("step_") and d != name)
-    for d in old[: max(0, len(old) - (keep - 1))]:
+    # keep the newest `keep`; a folder with a higher step is left from a run this one overwrote
+    others = [d for d in os.listdir(ckpts) if _STEP.fullmatch(d) and d != name]
+    older = sorted(d for d in others if _step(d) < step)
+    stale = [d for d in others if _step(d) > step]
+    for d in stale + older[: max(0, len(older) - (keep - 1))]:
         shutil.rmtree(os.path.join(ckpts, d), ignore_errors=True)
     return final
 
 
+def _step(name: str) -> int:
+    return int(name.split("_", 1)[1])
+
+
+def verify(ckpt_dir: str, files=None) -> str | None:
+    """None when checkpoint directory `ckpt_dir` is intact, else why not (one line).
+
+    With a manifest: every listed file (or only `files`) must have its recorded size and sha256.
+    Without one (older checkpoints): the safetensors header must parse and cover the file, the
+    config must be JSON, and state.pt (when present) must pass its zip CRC checks.
+    """
+    manifest = os.path.join(ckpt_dir, MANIFEST)
+    if os.path.isfile(manifest):
+        try:
+            with open(manifest) as f:
+                listed = json.load(f)["files"]
+            sizes = {n: int(m["size"]) for n, m in listed.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            return f"{MANIFEST} is unreadable ({type(e).__name__})"
+        for name in REQUIRED:
+            if name not in listed:
+                return f"{MANIFEST} does not list {name}"
+        for name in (files or listed):
+            if name not in listed:
+                continue
+            path = os.path.join(ckpt_dir, name)
+            if not os.path.isfile(path):
+                return f"{name} is missing"
+            if os.path.getsize(path) != sizes[name]:
+                return f"{name} has {os.path.getsize(path)} bytes, {MANIFEST} says {sizes[name]}"
+            if _sha256(path) != listed[name]["sha256"]:
+                return f"{name} does not match its sha256 in {MANIFEST}"
+        return None
+    check = set(files or (*REQUIRED, "state.pt"))
+    for name in REQUIRED:
+        if name in check and not os.path.isfile(os.path.join(ckpt_dir, name)):
+            return f"{name} is missing"
+    if "model.safetensors" in check:
+        try:
+            with safe_open(os.path.join(ckpt_dir, "model.safetensors"), "pt"):
+                pass
+        except Exception as e:  # noqa: BLE001 - safetensors raises several types on corrupt files
+            return f"model.safetensors is unreadable ({e})"
+    if "config.json" in check:
+        try:
+            with open(os.path.join(ckpt_dir, "config.json")) as f:
+                json.load(f)
+        except (OSError, ValueError) as e:
+            return f"config.json is unreadable ({e})"
+    state = os.path.join(ckpt_dir, "state.pt")
+    if "state.pt" in check and os.path.exists(state):
+        try:
+            with zipfile.ZipFile(state) as z:
+                bad = z.testzip()
+        except (OSError, zipfile.BadZipFile, EOFError) as e:
+            return f"state.pt is unreadable ({e})"
+        if bad is not None:
+            return f"state.pt is corrupt (member {bad} fails its CRC)"
+    return None
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:  # resolve() may run several times on one run
+        _warned.add(msg)
+        print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _read_latest(ckpts: str) -> str | None:
+    try:
+        with open(os.path.join(ckpts, "LATEST")) as f:
+            return f.read(256).strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _search(run_dir: str) -> tuple[str | None, list[str]]:
+    """(newest intact checkpoint dir or None, notes on what was skipped)."""
+    ckpts = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(ckpts):
+        return None, []
+    steps = sorted((d for d in os.listdir(ckpts) if _STEP.fullmatch(d) and os.path.isdir(os.path.join(ckpts, d))),
+                   key=_step, reverse=True)
+    hint, notes = _read_latest(ckpts), []
+    if hint is not None and hint not in steps:
+        notes.append(f"LATEST names {hint[:40]!r}, which is not a checkpoint folder")
+    for name in ([hint] if hint in steps else []) + [d for d in steps if d != hint]:
+        why = verify(os.path.join(ckpts, name))
+        if why is None:
+            return os.path.join(ckpts, name), notes
+        notes.append(f"{name} is corrupt: {why}")
+    return None, notes
+
+
+def find_checkpoint(run_dir: str) -> str | None:
+    """The newest intact checkpoint directory of run `run_dir`, or None when it has none.
+
+    LATEST is tried first, then the step_* folders newest first; skipping anything prints one
+    warning line on stderr.
+    """
+    found, notes = _search(run_dir)
+    _warn_skipped(run_dir, found, notes)
+    return found
+
+
+def _warn_skipped(run_dir: str, found: str | None, notes: list[str]) -> None:
+    if notes:
+        _warn_once(f"checkpoints in {os.path.join(run_dir, 'checkpoints')}: " + "; ".join(notes)
+                   + (f"; using {os.path.basename(found)}" if found else "; no intact checkpoint left"))
+
+
 def resolve(path: str) -> str:
-    """A run dir, a checkpoint dir or a model.safetensors file -> the checkpoint directory."""
+    """A run dir, a checkpoint dir or a model.safetensors file -> an intact checkpoint directory.
+
+    A run dir gives its newest intact checkpoint (`find_checkpoint`); a checkpoint dir named
+    directly must itself verify. Anything else is a CheckpointError.
+    """
     if not os.path.exists(path):
         raise CheckpointError(f"checkpoint {path} does not exist; pass a run directory written by train.py "
                               f"(e.g. runs/demo) or one of its checkpoints/step_* folders")
     if os.path.isfile(path):
         path = os.path.dirname(os.path.abspath(path))
-    latest = os.path.join(path, "checkpoints", "LATEST")
-    if os.path.exists(latest):
-        with open(latest) as f:
-            path = os.path.join(path, "checkpoints", f.read().strip())
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+        found, notes = _search(path)
+        if found is None:
+            raise CheckpointError(f"no intact checkpoint under {os.path.join(path, 'checkpoints')}"
+                                  + (": " + "; ".join(notes) if notes else "; has this run saved one yet?")
+                                  + "; train again with --overwrite or pass another run")
+        _warn_skipped(path, found, notes)
+        return found
     if not os.path.exists(os.path.join(path, "model.safetensors")):
         raise CheckpointError(f"no model.safetensors under {path}; is it a run directory that has saved a "
                               f"checkpoint yet?")
+    why = verify(path)
+    if why is not None:
+        raise CheckpointError(f"checkpoint {path} is corrupt: {why}; pass its run directory to fall back to "
+                              f"the newest intact checkpoint")
     return path
 
 
@@ -86,6 +246,9 @@ def config_diff(a: Config, b: Config, section: str = "model") -> list[str]:
 
 def load_weights(model, ckpt_dir: str, cfg: Config | None = None) -> None:
     """Load weights into `model`; a checkpoint from another model config is a CheckpointError."""
+    why = verify(ckpt_dir, files=REQUIRED)
+    if why is not None:
+        raise CheckpointError(f"checkpoint {ckpt_dir} is corrupt: {why}")
     saved = read_config(ckpt_dir)
     if cfg is not None:
         diff = config_diff(saved, cfg)
@@ -100,6 +263,18 @@ def load_weights(model, ckpt_dir: str, cfg: Config | None = None) -> None:
     if missing or unexpected:
         raise CheckpointError(f"checkpoint {ckpt_dir} does not fit this model: missing {missing}, "
                               f"unexpected {unexpected}")
+
+
+def load_state(ckpt_dir: str, map_location=None) -> dict:
+    """The training state (optimizer, RNG, step) of checkpoint `ckpt_dir`, for --resume; verified first."""
+    path = os.path.join(ckpt_dir, "state.pt")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {ckpt_dir} has no state.pt (saved without training state); "
+                              f"it can be loaded as a model but not resumed")
+    why = verify(ckpt_dir, files=("state.pt",))
+    if why is not None:
+        raise CheckpointError(f"checkpoint {ckpt_dir} is corrupt: {why}")
+    return torch.load(path, map_location=map_location, weights_only=False)
 
 
 def load_model(path: str, device: str | torch.device = "cpu", backend: str | None = None):

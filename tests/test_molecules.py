@@ -86,14 +86,30 @@ def test_fixed_scale_same_bond_length(tmp_path):
     assert ink[1] > 2 * ink[0]  # a longer molecule draws proportionally more ink, not rescaled
 
 
-def test_invalid_and_too_large_skipped_one_warning(tmp_path):
+def test_invalid_and_too_large_skipped_one_clean_line(tmp_path, capfd):
     smiles = SMILES[:4] + ["not_a_smiles", "C1CC", BIG, ""]
-    with warnings.catch_warnings(record=True) as rec:
-        warnings.simplefilter("always")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reported on stderr, not as a Python warning
         imgs, kept = M.render_smiles(smiles, 64, 64, workers=1, cache_dir=tmp_path, progress=False)
-    msgs = [str(w.message) for w in rec if "molecules" in str(w.message)]
-    assert len(msgs) == 1 and "3 invalid" in msgs[0] and "1 too large" in msgs[0]
     assert list(kept) == [0, 1, 2, 3] and len(imgs) == 4
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err  # one line: no source line, no traceback-style context
+    msg = lines[0]
+    assert msg.startswith("molecules: kept 4 of 8; skipped 3 invalid SMILES; 1 (12%) too large")
+    assert "never shrunk" in msg and "would not fit 64x64" in msg and "--preset mol128" in msg
+    assert "render_smiles" not in err and "warn" not in err.lower()
+    M.render_smiles(smiles[:4], 64, 64, workers=1, cache_dir=tmp_path, progress=False)
+    M.render_smiles(smiles, 64, 64, workers=1, cache_dir=tmp_path, progress=False, report=False)
+    assert capfd.readouterr().err == ""  # nothing skipped / report=False: silent
+
+
+def test_shipped_sample_skip_message_explains_why(tmp_path, capfd):
+    M.load(None, height=32, width=32, limit=200, cache_dir=tmp_path, workers=1, progress=False)
+    err = capfd.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("molecules: kept ") and " of 200 from moses_sample.csv" in err
+    assert "too large: every molecule is drawn at one bond length (3 px, style demo) and never shrunk" in err
+    assert "--preset mol128 (128x128) keeps more" in err
 
 
 def test_parallel_matches_serial_and_cache_hit(tmp_path):
@@ -124,13 +140,12 @@ def test_style_for_named_and_scaled():
         M.style_for(8, 8)
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")
-def test_load_splits_meta_deterministic(tmp_path):
+def test_load_splits_meta_deterministic(tmp_path, capfd):
     p = tmp_path / "m.csv"
     p.write_text("SMILES,SPLIT\n" + "".join(f"{s},train\n" for s in SMILES + ["bad(", BIG]))
     kw = dict(height=64, width=64, channels=1, cache_dir=tmp_path / "c", workers=1, progress=False)
-    with pytest.warns(UserWarning, match="1 invalid"):
-        a = M.load(p, seed=3, **kw)
+    a = M.load(p, seed=3, **kw)
+    assert "skipped 1 invalid SMILES; 1 (8%) too large" in capfd.readouterr().err
     b = M.load(p, seed=3, **kw)
     assert a.info["read"] == 12 and a.info["invalid"] == 1 and a.info["too_large"] == 1
     assert a.info["kept"] == 10
@@ -152,8 +167,7 @@ def test_load_channels_and_all_bad(tmp_path):
     p.write_text("xx(\nyy)\n")
     with pytest.raises(DataError, match="channels"):
         M.load(p, height=32, width=32, channels=3, cache_dir=tmp_path)
-    with pytest.raises(DataError, match="m.smi"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with pytest.raises(DataError, match="m.smi"):
         M.load(p, height=32, width=32, channels=1, cache_dir=tmp_path, progress=False)
 
 
@@ -161,10 +175,8 @@ def test_shipped_sample_via_registry(tmp_path):
     smiles = M.read_smiles(M.SAMPLE)
     assert 4000 <= len(smiles) <= 5000 and M.SAMPLE.stat().st_size < 400_000
     assert (M.DATA_DIR / "MOSES_LICENSE.txt").is_file()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        s = load_dataset("molecules", height=32, width=32, channels=1, limit=300,
-                         cache_dir=tmp_path, workers=2, progress=False)
+    s = load_dataset("molecules", height=32, width=32, channels=1, limit=300,
+                     cache_dir=tmp_path, workers=2, progress=False)
     assert s.train.shape[1:] == (1, 32, 32) and s.info["read"] == 300
     assert s.info["kept"] + s.info["too_large"] + s.info["invalid"] == 300
     assert s.info["kept"] > 100  # the demo style keeps a usable share of MOSES molecules
