@@ -5,9 +5,9 @@
 One fixed small grayscale model per pattern (dim 64, 2 layers, 4 heads, 8 bits; band window 256,
 other patterns at their per-size defaults: one row for blocks / windows / strides, local2d radius 3).
 For every pattern and image size:
-* evict:  the pattern's eviction cache (imggen.eviction). The prefix 0..n-steps-1 is written into the
-          cache as a prefill would (`retained_after` positions into their slots, random k/v/z: values
-          do not change the cost), then the last `steps` positions are decoded with `model.step`.
+* evict:  the pattern's eviction cache (imggen.decode). The prefix 0..n-steps-1 is written into the
+          cache by `prefill` from random q/k/v (values do not change the cost), then the last `steps`
+          positions are decoded with `model.step`.
 * full:   the same pattern with every position kept (keep_all=True): reads slots [0, t], masked by
           the same position arithmetic. The plain full KV cache.
 * recompute: no cache, `model(tokens[:, :t + 1])` for each new token (batch 1, a few steps only,
@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from imggen.config import ModelConfig  # noqa: E402
-from imggen.eviction import make_eviction_cache  # noqa: E402
+from imggen.decode import make_cache  # noqa: E402
 from imggen.model import ImageTransformer  # noqa: E402
 
 PATTERNS = ["full", "band", "local2d", "bigbird", "diffuser", "strided"]
@@ -46,30 +46,23 @@ def model_for(kind: str, size: int) -> ImageTransformer:
 
 def caches_for(model, batch: int, keep_all: bool):
     cfg = model.config
-    return [make_eviction_cache(p, batch, cfg.heads, cfg.dim // cfg.heads, cfg.seq_len, keep_all=keep_all)
+    return [make_cache(p, batch, cfg.heads, cfg.dim // cfg.heads, cfg.seq_len, keep_all=keep_all)
             for p in model.patterns]
 
 
-def fill(caches, n0: int, gen: torch.Generator) -> None:
-    """What a prefill of n0 tokens writes (retained positions into their slots), with random values."""
+def fill(caches, model, n0: int, gen: torch.Generator) -> None:
+    """What a prefill of n0 tokens writes (retained positions into their slots), from random q, k, v."""
+    cfg = model.config
     for c in caches:
-        pos = c.retained_after(n0)
-        slots = c.slots_of(pos)
-        shape = (c.batch, c.heads, len(pos), c.k.shape[-1])
-        c.k[:, :, slots] = torch.randn(shape, generator=gen)
-        c.v[:, :, slots] = torch.randn(shape, generator=gen)
-        c.positions[slots] = pos
-        if c.z is not None:
-            for s in range(c.z.shape[0]):
-                c.z[s][:, :, slots] = torch.randn(shape, generator=gen)
+        shape = (c.batch, cfg.heads, n0, cfg.dim // cfg.heads)
+        c.prefill(*(torch.randn(shape, generator=gen) for _ in range(3)))
 
 
-@torch.no_grad()
 def decode_rate(model, batch: int, steps: int, keep_all: bool, chunks: int = 4) -> tuple[float, int]:
     n = model.config.seq_len
     gen = torch.Generator().manual_seed(0)
     caches = caches_for(model, batch, keep_all)
-    fill(caches, n - steps, gen)
+    fill(caches, model, n - steps, gen)
     prev = torch.randint(0, model.config.vocab, (batch,), generator=gen)
     per, best = steps // chunks, 0.0
     t = n - steps
@@ -98,16 +91,18 @@ def recompute_rate(model, steps: int, at: int) -> float:
 
 
 def recompute_plan_bytes(model, n: int) -> int:
-    """Bytes of the blocked CPU backend's additive bias for a forward of n tokens (largest layer)."""
-    from imggen.sparse_attention import DEFAULT_BLOCK as b
+    """Bytes of the blocked CPU backend's masks for a forward of n tokens (largest layer)."""
+    from imggen.blocked import make_windows
 
     worst = 0
     for p in model.patterns:
-        if p.name in ("full", "band", "strided"):
-            continue  # SDPA / strided view / column attention: no block plan
-        heads = range(model.config.heads) if p.heads_differ else range(1)
-        m = max(p.block_layout(n, b, h).shape[1] for h in heads)
-        worst = max(worst, len(heads) * -(-n // b) * b * m * b * 4)
+        groups = p.head_groups(model.config.heads) or [(range(model.config.heads), p)]
+        for heads, sub in groups:
+            if sub.columns() is not None or (sub.band() and sub.band().width >= n):
+                continue  # column attention / SDPA: no masks
+            w = make_windows(sub, n, len(heads))
+            masks = [w.first, w.steady] if hasattr(w, "steady") else [w.allowed]
+            worst = max(worst, sum(m.numel() for m in masks))
     return worst
 
 
@@ -188,7 +183,7 @@ def main(argv=None) -> int:
 
 
 def targets(r: dict) -> str:
-    """The issue's targets, checked on this run's numbers (band window 256)."""
+    """The decode targets, checked on this run's numbers (band window 256)."""
     out = []
 
     def line(ok, text):

@@ -1,4 +1,4 @@
-"""Which attention pattern wins? One reproducible study (issue #7).
+"""Which attention pattern wins? One reproducible study.
 
 Trains the same small model (same width, depth, heads, optimiser, data order and seed) once per
 attention pattern -- full, band, local2d, strided, bigbird, diffuser -- on real shipped data
@@ -42,6 +42,7 @@ import re
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -50,13 +51,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, ROOT)
 
-from imggen.cache import make_caches  # noqa: E402
+from imggen.decode import make_caches  # noqa: E402
 from imggen.config import Config, DataConfig, ModelConfig, TrainConfig  # noqa: E402
+from imggen.errors import TrainingError  # noqa: E402
 from imggen.eval.bpd import bits_per_dim  # noqa: E402
 from imggen.images import save_grid  # noqa: E402
 from imggen.sampling import detokenize, sample, teacher_force  # noqa: E402
 from imggen.tokens import tokenize  # noqa: E402
-from imggen.training import _autocast, batch_indices, build_model_and_optimizer, lr_at  # noqa: E402
+from imggen.training import batch_indices, build_model_and_optimizer, train_step  # noqa: E402
 
 PATTERNS = ["full", "band", "local2d", "strided", "bigbird", "diffuser"]
 KINDS = {"mol": "molecules", "brats": "brats-demo"}
@@ -215,22 +217,12 @@ def train_model(cfg: Config, train_tok: torch.Tensor, device: str):
     stamps, losses = [time.perf_counter()], []
     for step in range(t.steps):
         x = train_tok[batch_indices(step, t.batch_size, len(train_tok), t.seed)].long().to(device)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg)
-        if step == 0:
-            with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack), _autocast(device):
-                logits = model(x)
-        else:
-            with _autocast(device):
-                logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1))
-        if not torch.isfinite(loss):
-            raise RuntimeError(f"loss became {float(loss)} at step {step} ({cfg.model.attention})")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-        opt.step()
-        losses.append(float(loss.detach()) / LN2)  # also synchronises CUDA before the time stamp
+        hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack) if step == 0 else nullcontext()
+        try:
+            with hooks:  # step 0: count the bytes autograd saves
+                losses.append(train_step(model, opt, x, step, cfg, device))  # synchronises CUDA too
+        except TrainingError as e:
+            raise RuntimeError(f"{e} ({cfg.model.attention})") from None
         stamps.append(time.perf_counter())
     dts = np.diff(stamps)
     steady = dts[1:] if len(dts) > 1 else dts  # step 0 builds the attention plans
@@ -576,7 +568,7 @@ def write_report(args, res, argv) -> str:
     cmd = "python bench/study.py" + (" " + " ".join(argv) if argv else "")
     held, notes = criterion(rows)
     lines = [
-        "# Which pattern wins? (issue #7)", "",
+        "# Which pattern wins?", "",
         f"- command: `{cmd}`",
         f"- commit at start: `{res['commit']}` (plus any uncommitted edits in the working tree); started "
         f"{res['date']}; wall time {res['seconds'] / 60:.1f} min",

@@ -7,6 +7,7 @@ train.py (`--data KIND:PATH`), sample.py and the evaluation CLI. Each adapter mo
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,6 +63,24 @@ def load_dataset(spec: str, *, height: int, width: int, channels: int, seed: int
         return module.load_demo(height=height, width=width, channels=channels, seed=seed, **opts)
     return module.load(path, height=height, width=width, channels=channels, seed=seed,
                        skip_bad=skip_bad, **opts)
+
+
+def read_each(items, read, *, kind: str, what: str, skip_bad: bool, progress: str | None = None):
+    """[(item, read(item))] for the items that read; a DataError skips the item when skip_bad
+    (else it propagates), and one warning line counts what was skipped. Returns (read, skipped)."""
+    from tqdm import tqdm
+
+    done, skipped = [], []
+    for item in tqdm(items, desc=progress, disable=None if progress else True, leave=False):
+        try:
+            done.append((item, read(item)))
+        except DataError as e:
+            if not skip_bad:
+                raise
+            skipped.append(str(e))
+    if skipped:
+        warnings.warn(f"{kind}: skipped {len(skipped)} {what}; first: {skipped[0]}", stacklevel=3)
+    return done, skipped
 
 
 def split_indices(n: int, seed: int, fractions=(0.9, 0.05, 0.05)) -> dict[str, np.ndarray]:

@@ -39,14 +39,12 @@ meta = {"case": {split: [...]}, "slice": {split: [axial index k in the RAS volum
 from __future__ import annotations
 
 import re
-import warnings
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from tqdm import tqdm
 
-from imggen.datasets import ImageSplits, split_indices
+from imggen.datasets import ImageSplits, read_each, split_indices
 from imggen.errors import ConfigError, DataError
 
 MODALITIES = {"t1": "t1", "t1n": "t1", "t1ce": "t1ce", "t1c": "t1ce", "t1gd": "t1ce",
@@ -234,22 +232,15 @@ def load(path, *, height: int, width: int, channels: int = 1, seed: int = 0, ski
     split_of_patient = {patients[int(i)]: s for s, idx in split_indices(len(patients), seed).items() for i in idx}
     split_of = [split_of_patient[patient_id(c.name)] for c in cases]
     parts = {s: {"img": [], "mask": [], "case": [], "slice": []} for s in ("train", "val", "test")}
-    skipped = []
-    for i, case in enumerate(tqdm(cases, desc="BraTS cases", disable=None, leave=False)):
-        try:
-            imgs, masks, keep = _load_case(case, mods, height, width, channels, inpainting)
-        except DataError as e:
-            if not skip_bad:
-                raise
-            skipped.append(str(e))
-            continue
+    done, skipped = read_each(list(enumerate(cases)), lambda ic: _load_case(ic[1], mods, height, width, channels,
+                                                                          inpainting),
+                              kind="brats", what="bad case(s)", skip_bad=skip_bad, progress="BraTS cases")
+    for (i, case), (imgs, masks, keep) in done:
         p = parts[split_of[i]]
         p["img"].append(imgs)
         p["mask"].append(masks)
         p["case"] += [case.name] * len(keep)
         p["slice"] += keep
-    if skipped:
-        warnings.warn(f"brats: skipped {len(skipped)} bad case(s); first: {skipped[0]}", stacklevel=2)
     if len(skipped) == len(cases):
         raise DataError(f"BraTS folder {path}: none of the {len(cases)} cases could be loaded")
     out, masks = {}, {}

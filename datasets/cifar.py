@@ -16,12 +16,11 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
-import warnings
 from pathlib import Path
 
 import numpy as np
 
-from imggen.datasets import ImageSplits
+from imggen.datasets import ImageSplits, read_each
 from imggen.errors import ConfigError, DataError
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -105,17 +104,10 @@ def load(path, *, height: int = 32, width: int = 32, channels: int = 3, seed: in
     if height < 1 or width < 1:
         raise ConfigError(f"cifar: bad image size {height}x{width}")
     folder = _find_folder(path)
-    parts, skipped = {"train": [], "test": []}, []
-    for split, names in (("train", TRAIN_FILES), ("test", [TEST_FILE])):
-        for name in names:
-            try:
-                parts[split].append(_read_batch(folder / name, verify_md5))
-            except DataError as e:
-                if not skip_bad:
-                    raise
-                skipped.append(str(e))
-    if skipped:
-        warnings.warn(f"cifar: skipped {len(skipped)} bad file(s); first: {skipped[0]}", stacklevel=2)
+    files = [("train", name) for name in TRAIN_FILES] + [("test", TEST_FILE)]
+    done, skipped = read_each(files, lambda f: _read_batch(folder / f[1], verify_md5), kind="cifar",
+                              what="bad file(s)", skip_bad=skip_bad)
+    parts = {split: [batch for (s, _), batch in done if s == split] for split in ("train", "test")}
     if not parts["train"]:
         raise DataError(f"{folder}: no readable training batch; {HOW_TO_GET}")
 

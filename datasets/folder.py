@@ -8,14 +8,12 @@ centre-cropped to the target aspect ratio (square when height == width) and resi
 """
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from tqdm import tqdm
 
-from imggen.datasets import ImageSplits, split_indices
+from imggen.datasets import ImageSplits, read_each, split_indices
 from imggen.errors import ConfigError, DataError
 
 EXTENSIONS = {".png", ".jpg", ".jpeg"}
@@ -52,17 +50,9 @@ def load(path, *, height: int, width: int, channels: int, seed: int = 0, skip_ba
     files = sorted(f for f in root.rglob("*") if f.suffix.lower() in EXTENSIONS and f.is_file())
     if not files:
         raise DataError(f"image folder {root} contains no PNG/JPEG files ({', '.join(sorted(EXTENSIONS))})")
-    images, names, skipped = [], [], []
-    for f in tqdm(files, desc=f"images in {root.name}", disable=None, leave=False):
-        try:
-            images.append(_load_image(f, height, width, channels))
-            names.append(str(f.relative_to(root)))
-        except DataError as e:
-            if not skip_bad:
-                raise
-            skipped.append(str(e))
-    if skipped:
-        warnings.warn(f"folder: skipped {len(skipped)} unreadable image(s); first: {skipped[0]}", stacklevel=2)
+    done, skipped = read_each(files, lambda f: _load_image(f, height, width, channels), kind="folder",
+                              what="unreadable image(s)", skip_bad=skip_bad, progress=f"images in {root.name}")
+    names, images = [str(f.relative_to(root)) for f, _ in done], [a for _, a in done]
     if not images:
         raise DataError(f"image folder {root}: none of the {len(files)} image files could be read")
     x = np.stack(images)

@@ -1,6 +1,6 @@
 """Evaluation: bits/dim, PSNR/SSIM (+ BraTS 2023 inpainting protocol), FID, atom-bond accuracy.
 
-Public API (see DESIGN.md): bits_per_dim, psnr, ssim, frechet_distance, atom_bond_accuracy.
+Public API: bits_per_dim, psnr, ssim, frechet_distance, atom_bond_accuracy.
 Submodules import their heavy dependencies lazily so `import imggen.eval` stays cheap.
 """
 from __future__ import annotations

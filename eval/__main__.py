@@ -13,37 +13,19 @@ import warnings
 
 import torch
 
+from imggen.cli import Parser, add_fill_flags, add_threads_flag, fill_args, int_at_least, positive_int
 from imggen.errors import ConfigError, ImggenError
 
 PROG = "python -m imggen.eval"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one clear line, exit code 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _int_at_least(lo: int, what: str):
-    """argparse type: an integer >= lo, with a one-line message naming what it expects."""
-    def parse(s: str) -> int:
-        try:
-            v = int(s)
-        except ValueError:
-            v = lo - 1
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
-        return v
-    return parse
-
-
-_pos_int = _int_at_least(1, "a positive integer")
-_nonneg_int = _int_at_least(0, "an integer >= 0")
+_nonneg_int = int_at_least(0, "an integer >= 0")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog=PROG, description="Evaluate imggen models: bits/dim, inpainting, FID, atom-bond "
+    ap = Parser(prog=PROG, description="Evaluate imggen models: bits/dim, inpainting, FID, atom-bond "
                                         "accuracy, and a full report of a run directory.")
-    sub = ap.add_subparsers(dest="cmd", metavar="SUBCOMMAND", parser_class=_Parser,
+    sub = ap.add_subparsers(dest="cmd", metavar="SUBCOMMAND", parser_class=Parser,
                             help="bpd | inpaint | fid | atoms | report (each has --help)")
     sub.required = True
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -58,13 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--split", default="test", choices=["train", "val", "test"],
                            help="data split to evaluate (default test)")
         p.add_argument("--device", default=dev, help=f"torch device (default {dev})")
-        p.add_argument("--batch-size", type=_pos_int, default=16, help="images per forward / sampling batch (default 16)")
+        p.add_argument("--batch-size", type=positive_int, default=16, help="images per forward / sampling batch (default 16)")
+        add_threads_flag(p)
 
     p = sub.add_parser("bpd", help="exact test bits/dim with a bootstrap confidence interval",
                        description="Exact bits/dim of a checkpoint on a data split, with a percentile "
                                    "bootstrap 95%% CI over images and a label saying what it is comparable with.")
     common(p)
-    p.add_argument("--limit", type=_pos_int, help="evaluate only the first N images of the split")
+    p.add_argument("--limit", type=positive_int, help="evaluate only the first N images of the split")
     p.add_argument("--bootstrap", type=_nonneg_int, default=1000, help="bootstrap resamples for the CI (0: none; default 1000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling (default 0)")
     p.add_argument("--json", metavar="OUT", help="also write the full result (per-image values included) to this JSON file")
@@ -74,9 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "score PSNR/SSIM over the whole image and inside the mask, write "
                                    "original/masked/filled triplet PNGs and inpaint.json.")
     common(p)
-    p.add_argument("--limit", type=_pos_int, default=16, help="inpaint the first N images with a non-empty mask (default 16)")
-    p.add_argument("--rank", type=_pos_int, default=1, help="candidates per image; keep the most likely (default 1)")
+    p.add_argument("--limit", type=positive_int, default=16, help="inpaint the first N images with a non-empty mask (default 16)")
+    p.add_argument("--rank", type=positive_int, default=1, help="candidates per image; keep the most likely (default 1)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    add_fill_flags(p)
     p.add_argument("--out", metavar="DIR", help="output folder (default RUN/inpaint)")
 
     p = sub.add_parser("fid", help="Frechet Inception Distance between two image sets (or samples vs test data)",
@@ -85,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--images-a", metavar="A", help="uint8 images: .npz (key 'images' or first array) or a folder of PNGs")
     p.add_argument("--images-b", metavar="B", help="second image set (.npz or folder); default with --checkpoint: the test split")
     p.add_argument("--checkpoint", metavar="RUN", help="sample --num images from this run as set A")
-    p.add_argument("--num", type=_pos_int, default=2048, help="samples to draw with --checkpoint (default 2048)")
+    p.add_argument("--num", type=positive_int, default=2048, help="samples to draw with --checkpoint (default 2048)")
     p.add_argument("--data", metavar="SPEC", help="reference data with --checkpoint (default: the run's data.spec)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--weights", "--fid-weights", dest="weights", metavar="PATH",
@@ -93,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random-init", action="store_true",
                    help="testing only: random Inception weights (the number is not an FID)")
     p.add_argument("--device", default=dev, help=f"torch device (default {dev})")
-    p.add_argument("--batch-size", type=_pos_int, default=50, help="images per Inception / sampling batch (default 50)")
+    p.add_argument("--batch-size", type=positive_int, default=50, help="images per Inception / sampling batch (default 50)")
     p.add_argument("--json", metavar="OUT", help="also write the result to this JSON file")
 
     p = sub.add_parser("atoms", help="atom-bond accuracy of sampled molecules (OSRA) vs the calibration ceiling",
@@ -103,12 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", metavar="RUN", help="molecule run directory to sample from")
     p.add_argument("--calibrate", action="store_true", help="only score true drawings of --data at --size (no model)")
     p.add_argument("--data", metavar="SPEC", help="molecule data (default: the run's data.spec; 'molecules' with --calibrate)")
-    p.add_argument("--size", type=_pos_int, default=128, help="image side for --calibrate (default 128)")
-    p.add_argument("--num", type=_pos_int, default=16, help="images to sample / SMILES to calibrate on (default 16)")
-    p.add_argument("--num-ref", type=_pos_int, help="reference test SMILES for the ceiling (default --num)")
+    p.add_argument("--size", type=positive_int, default=128, help="image side for --calibrate (default 128)")
+    p.add_argument("--num", type=positive_int, default=16, help="images to sample / SMILES to calibrate on (default 16)")
+    p.add_argument("--num-ref", type=positive_int, help="reference test SMILES for the ceiling (default --num)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--device", default=dev, help=f"torch device (default {dev})")
-    p.add_argument("--batch-size", type=_pos_int, default=16, help="sampling batch size (default 16)")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="sampling batch size (default 16)")
     p.add_argument("--json", metavar="OUT", help="also write the result to this JSON file")
 
     p = sub.add_parser("report", help="evaluate a run directory -> report.json, report.md and PNGs",
@@ -117,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "when osra is installed), FID (only with --fid-weights); writes report.json, "
                                    "report.md, samples.png, curves.png and inpainting.png.")
     common(p)
-    p.add_argument("--num", type=_pos_int, default=16, help="images to sample for the grid, speed and atoms (default 16)")
-    p.add_argument("--limit", type=_pos_int, help="bits/dim on the first N images of the split only")
+    p.add_argument("--num", type=positive_int, default=16, help="images to sample for the grid, speed and atoms (default 16)")
+    p.add_argument("--limit", type=positive_int, help="bits/dim on the first N images of the split only")
     p.add_argument("--bootstrap", type=_nonneg_int, default=1000, help="bootstrap resamples for the bits/dim CI (default 1000)")
     p.add_argument("--inpaint-num", type=_nonneg_int, default=4, help="images to inpaint when the data has masks (0: skip; default 4)")
     p.add_argument("--atoms", choices=["auto", "off"], default="auto",
@@ -132,13 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------------- subcommands
 def _write(res: dict, path: str | None) -> None:
     if path:
-        from imggen.eval.report import write_json
+        from imggen.eval.run import write_json
         write_json(res, path)
         print(f"wrote {path}")
 
 
 def cmd_bpd(a) -> int:
-    from imggen.eval.report import load_run, run_bpd
+    from imggen.eval.run import load_run
+    from imggen.eval.runners import run_bpd
     run = load_run(a.checkpoint, a.device)
     res = run_bpd(run, spec=a.data, split=a.split, limit=a.limit, bootstrap=a.bootstrap,
                   batch_size=a.batch_size, seed=a.seed)
@@ -150,11 +135,12 @@ def cmd_bpd(a) -> int:
 
 
 def cmd_inpaint(a) -> int:
-    from imggen.eval.report import load_run, run_inpaint
+    from imggen.eval.run import load_run
+    from imggen.eval.runners import run_inpaint
     run = load_run(a.checkpoint, a.device)
     out = a.out or os.path.join(run.path if os.path.isdir(run.path) else os.path.dirname(run.ckpt), "inpaint")
     res = run_inpaint(run, spec=a.data, split=a.split, limit=a.limit, rank=a.rank, seed=a.seed, out=out,
-                      batch_size=a.batch_size)
+                      batch_size=a.batch_size, **fill_args(a))
     print(f"inpainted {res['n_images']} {res['split']} images of {res['data']}: PSNR {res['psnr']:.2f} dB / "
           f"SSIM {res['ssim']:.4f} whole image, PSNR {res['psnr_mask']:.2f} dB / SSIM {res['ssim_mask']:.4f} "
           f"inside the mask; wrote {res['json']} and {len(res['files']['triplets'])} triplets in {out}")
@@ -162,7 +148,8 @@ def cmd_inpaint(a) -> int:
 
 
 def cmd_fid(a) -> int:
-    from imggen.eval.report import _split, load_data, load_images, load_run, run_fid, sample_images
+    from imggen.eval.run import load_data, load_images, load_run, split_images
+    from imggen.eval.runners import run_fid, sample_images
     if a.checkpoint and a.images_a:
         raise ConfigError("use either --checkpoint (samples as set A) or --images-a, not both")
     if not a.checkpoint and not (a.images_a and a.images_b):
@@ -174,7 +161,7 @@ def cmd_fid(a) -> int:
         warnings.simplefilter("ignore")
         if a.checkpoint:
             run = load_run(a.checkpoint, a.device)
-            imgs_b = load_images(a.images_b) if a.images_b else _split(load_data(run.cfg, a.data), "test", None)
+            imgs_b = load_images(a.images_b) if a.images_b else split_images(load_data(run.cfg, a.data), "test", None)
             imgs_a, _ = sample_images(run, a.num, seed=a.seed, batch_size=a.batch_size)
         else:
             imgs_a, imgs_b = load_images(a.images_a), load_images(a.images_b)
@@ -185,7 +172,9 @@ def cmd_fid(a) -> int:
 
 
 def cmd_atoms(a) -> int:
-    from imggen.eval.report import atoms_table, load_run, run_atoms, run_calibrate
+    from imggen.eval.report import atoms_table
+    from imggen.eval.run import load_run
+    from imggen.eval.runners import run_atoms, run_calibrate
     if a.calibrate:
         if a.checkpoint:
             raise ConfigError("--calibrate scores true drawings only; drop --checkpoint (or drop --calibrate)")
@@ -224,7 +213,10 @@ COMMANDS = {"bpd": cmd_bpd, "inpaint": cmd_inpaint, "fid": cmd_fid, "atoms": cmd
 
 
 def main(argv=None) -> int:
+    from imggen.threads import set_threads
+
     args = build_parser().parse_args(argv)
+    set_threads(getattr(args, "threads", None), "eval")
     try:
         return COMMANDS[args.cmd](args)
     except ImggenError as e:

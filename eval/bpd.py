@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from imggen.errors import ShapeError
 
-__all__ = ["bits_per_dim", "per_image_bits_per_dim", "bootstrap_ci", "bpd_label", "PUBLISHED_CIFAR10"]
+__all__ = ["bits_per_dim", "per_image_bits_per_dim", "token_bits_per_dim", "bootstrap_ci", "bpd_label", "PUBLISHED_CIFAR10"]
 
 LN2 = math.log(2.0)
 # Test-set bits/dim on 8-bit CIFAR-10 as reported in the papers.
@@ -44,24 +44,29 @@ def _device(model) -> torch.device:
         return torch.device("cpu")
 
 
-@torch.no_grad()
 def per_image_bits_per_dim(model, images, batch_size: int = 16) -> np.ndarray:
     """float64 (B,) bits/dim of each uint8 image (B, C, H, W) under `model` (teacher forcing)."""
     from imggen.tokens import tokenize
 
+    if len(images) == 0:
+        raise ShapeError("no images to compute bits/dim on (got an empty batch)")
+    return token_bits_per_dim(model, tokenize(images, model.config.bits, shape=model.config.shape), batch_size)
+
+
+@torch.no_grad()
+def token_bits_per_dim(model, tokens: torch.Tensor, batch_size: int = 16) -> np.ndarray:
+    """float64 (B,) bits/dim of each token sequence (B, N) (uint8 or long) under `model`; the one
+    place bits/dim is computed (training's validation and test figures call it too)."""
     cfg = model.config
     if batch_size < 1:
         raise ShapeError(f"batch_size must be >= 1, got {batch_size}")
-    if len(images) == 0:
-        raise ShapeError("no images to compute bits/dim on (got an empty batch)")
-    tokens = tokenize(images, cfg.bits, shape=cfg.shape)
     device = _device(model)
     was_training = getattr(model, "training", False)
     model.eval()
     out = []
     try:
         for i in range(0, len(tokens), batch_size):
-            x = tokens[i: i + batch_size].to(device)
+            x = tokens[i: i + batch_size].long().to(device)
             logits = model(x).float()
             if logits.shape != (*x.shape, cfg.vocab):
                 raise ShapeError(f"model returned logits of shape {tuple(logits.shape)}, expected "

@@ -1,14 +1,12 @@
 """imggen: autoregressive image generation with causal sparse attention.
 
-The public API (DESIGN.md) is resolved lazily so that `import imggen.datasets` or
+The public API is resolved lazily so that `import imggen.datasets` or
 `import imggen.eval` does not pull in the model code.
 """
 import importlib
 
-# The function shadows its module's name on the package, so bind it eagerly.
-from imggen.sparse_attention import sparse_attention  # noqa: E402,F401
-
 _API = {
+    "sparse_attention": "imggen.attention",
     "make_pattern": "imggen.patterns",
     "load_model": "imggen.checkpoint",
     "teacher_force": "imggen.sampling",
@@ -18,7 +16,7 @@ _API = {
     "generate": "imggen.sampling",
 }
 
-__all__ = ["sparse_attention", *_API]
+__all__ = list(_API)
 
 
 def __getattr__(name):

@@ -5,12 +5,23 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
+from imggen.context import CONTEXTS
 from imggen.errors import ConfigError
-from imggen.patterns import Pattern, make_pattern
+from imggen.patterns import Pattern, config_params, pattern_for_image
+
+BACKENDS = ("auto", "cpu", "triton", "flex", "reference")
+
+
+def _at_least(section: str, obj, lo, open_: bool = False, **names) -> None:
+    """ConfigError unless every named field is > lo (open_) or >= lo; None passes."""
+    for name in names:
+        v = getattr(obj, name)
+        if v is not None and (v <= lo if open_ else v < lo):
+            raise ConfigError(f"{section}.{name} must be {'>' if open_ else '>='} {lo}, got {v}")
 
 
 @dataclass
-class ModelConfig:
+class _ModelCore:
     height: int = 32
     width: int = 32
     channels: int = 1
@@ -20,21 +31,12 @@ class ModelConfig:
     heads: int = 4
     mlp_ratio: float = 4.0
     dropout: float = 0.0
-    # attention: one kind, or a comma-separated list cycled over layers ("local2d,band")
+    # attention: one kind, or a comma-separated list cycled over layers ("local2d,band"); the
+    # pattern parameters (window, radius, ...) are fields added from the pattern classes below
     attention: str = "band"
-    window: int | None = None        # band / diffuser window (default: a few rows)
-    radius: int = 3                  # local2d
-    block: int | None = None         # bigbird / diffuser block (default: 32 below 64-token rows, else 64)
-    window_blocks: int = 3           # bigbird
-    global_blocks: int = 1           # bigbird
-    random_blocks: int = 2           # bigbird
-    global_tokens: int | None = None # diffuser (default: one row)
-    random_edges: int = 8            # diffuser
-    diffusion_steps: int = 5         # diffuser K
-    alpha: float = 0.1               # diffuser restart probability
-    stride: int | None = None        # strided (default: one row, W*C)
-    pattern_seed: int = 0            # random edges of bigbird / diffuser
-    backend: str = "auto"            # reference | cpu | triton | auto
+    backend: str = "auto"            # reference | cpu | triton | flex | auto
+    context: str = "none"            # "unet": an inpainting model that sees the voided image (imggen.context)
+    context_width: int = 64          # channels of the context encoder
 
     @property
     def seq_len(self) -> int:
@@ -55,41 +57,41 @@ class ModelConfig:
             raise ConfigError(f"model.bits must be in 1..8, got {self.bits}")
         if self.dim % self.heads:
             raise ConfigError(f"model.dim ({self.dim}) must be divisible by model.heads ({self.heads})")
-        if min(self.height, self.width, self.layers, self.heads) < 1:
-            raise ConfigError("model.height, width, layers and heads must be >= 1")
-        if self.backend not in ("reference", "cpu", "triton", "auto"):
-            raise ConfigError(f"model.backend must be reference, cpu, triton or auto, got {self.backend!r}")
+        _at_least("model", self, 1, height=1, width=1, layers=1, heads=1, dim=1)
+        _at_least("model", self, 0, open_=True, mlp_ratio=0)
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if self.context not in CONTEXTS:
+            raise ConfigError(f"model.context must be one of {', '.join(CONTEXTS)}, got {self.context!r}")
+        _at_least("model", self, 1, context_width=1)
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"model.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         self.patterns()  # raises on bad pattern parameters
         return self
 
     def pattern_for(self, kind: str) -> Pattern:
-        row = self.width * self.channels
-        block = self.block or (32 if row < 64 else 64)  # the Triton kernels take blocks of 16..128
-        if kind == "full":
-            return make_pattern("full")
-        if kind == "band":
-            return make_pattern("band", window=self.window or 2 * row)
-        if kind == "local2d":
-            return make_pattern("local2d", height=self.height, width=self.width, channels=self.channels,
-                                radius=self.radius, shift=1)
-        if kind == "bigbird":
-            return make_pattern("bigbird", block=block, window_blocks=self.window_blocks,
-                                global_blocks=self.global_blocks, random_blocks=self.random_blocks,
-                                seed=self.pattern_seed)
-        if kind == "diffuser":
-            return make_pattern("diffuser", window=self.window or row,
-                                global_tokens=row if self.global_tokens is None else self.global_tokens,
-                                random_edges=self.random_edges, steps=self.diffusion_steps, alpha=self.alpha,
-                                seed=self.pattern_seed, block=block)
-        if kind == "strided":
-            return make_pattern("strided", stride=self.stride or row, shift=1)
-        return make_pattern(kind)  # raises the "unknown pattern" ConfigError
+        return pattern_for_image(kind, self.height, self.width, self.channels, dataclasses.asdict(self))
 
     def patterns(self) -> list[Pattern]:
         kinds = [k.strip() for k in self.attention.split(",") if k.strip()]
         if not kinds:
             raise ConfigError("model.attention is empty; use e.g. --attention band")
         return [self.pattern_for(kinds[i % len(kinds)]).for_layer(i) for i in range(self.layers)]
+
+    def reset_pattern_params(self) -> None:
+        """Every pattern parameter back to its default (a new --attention kind)."""
+        for name, entry in PATTERN_PARAMS.items():
+            setattr(self, name, entry["default"])
+
+
+# Pattern parameters are declared once, in the pattern classes (imggen.patterns); each becomes an
+# optional ModelConfig field (None = the pattern's default for the image size) and a train.py flag.
+PATTERN_PARAMS = config_params()
+ModelConfig = dataclasses.make_dataclass(
+    "ModelConfig",
+    [(name, e["type"] | None, field(default=e["default"], metadata={"help": e["help"]}))
+     for name, e in PATTERN_PARAMS.items()],
+    bases=(_ModelCore,), namespace={"__module__": __name__})
 
 
 @dataclass
@@ -105,9 +107,20 @@ class TrainConfig:
     eval_images: int = 64
     sample_every: int = 0           # 0: only at the end
     sample_num: int = 16
+    grid_time_frac: float = 0.1     # end-of-run grid: at most this fraction of the training time (0: none)
     ckpt_every: int = 100
     log_every: int = 10
     seed: int = 0
+    activation_checkpointing: bool = False  # recompute each block's activations in the backward
+
+    def validate(self) -> "TrainConfig":
+        _at_least("train", self, 1, steps=1, batch_size=1, eval_every=1, eval_images=1, sample_num=1,
+                  ckpt_every=1, log_every=1)
+        _at_least("train", self, 0, warmup=0, sample_every=0, weight_decay=0, seed=0, grid_time_frac=0)
+        _at_least("train", self, 0, open_=True, lr=0, grad_clip=0)
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        return self
 
 
 @dataclass
@@ -116,6 +129,10 @@ class DataConfig:
     skip_bad: bool = False
     limit: int | None = None        # use at most this many images per split (quick runs)
 
+    def validate(self) -> "DataConfig":
+        _at_least("data", self, 1, limit=1)
+        return self
+
 
 @dataclass
 class Config:
@@ -123,6 +140,12 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
+
+    def validate(self) -> "Config":
+        self.model.validate()
+        self.train.validate()
+        self.data.validate()
+        return self
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

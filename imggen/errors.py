@@ -23,3 +23,7 @@ class CheckpointError(ImggenError):
 
 class TrainingError(ImggenError, RuntimeError):
     """Training cannot continue (e.g. NaN loss)."""
+
+
+class Interrupted(ImggenError):
+    """Training stopped by SIGINT/SIGTERM after saving a checkpoint (exit code 130)."""

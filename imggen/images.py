@@ -24,6 +24,11 @@ def make_grid(images: np.ndarray, nrow: int | None = None, pad: int = 2, value: 
     return grid
 
 
+def image_scale(width: int) -> int:
+    """Upscale factor that shows an image about 128 px wide (grids, fills, triplets)."""
+    return max(1, 128 // max(1, width))
+
+
 def save_image(array_hwc: np.ndarray, path: str, scale: int = 1) -> None:
     """Save uint8 (H, W, C) as PNG (atomically: temp file + rename)."""
     a = array_hwc[..., 0] if array_hwc.shape[-1] == 1 else array_hwc

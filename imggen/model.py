@@ -1,7 +1,8 @@
 """Decoder-only Transformer over raster-order pixel tokens with per-layer sparse attention.
 
 `model(tokens)` -> logits (B, N, 2**bits); logits[:, t] is the distribution of tokens[:, t] given
-tokens[:, :t]. Internally the input at position t is the embedding of token t-1 (a learned start
+tokens[:, :t] (and, for inpainting models, `context=model.make_context(images, masks)`: the known
+pixels on every side; see imggen.context). Internally the input at position t is the embedding of token t-1 (a learned start
 vector at t = 0) plus factorised row/column/channel embeddings of position t, so the query at t
 predicts subpixel t and reads positions the layer's pattern allows.
 
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from imggen.config import ModelConfig
+from imggen.context import ContextEncoder, make_context
 from imggen.errors import ShapeError
 from imggen.patterns import Pattern
-from imggen.sparse_attention import sparse_attention
+from imggen.attention import forced_backend, sparse_attention
 from imggen.tokens import position_coords
 
 
@@ -55,7 +57,7 @@ class Block(nn.Module):
         hidden = int(cfg.mlp_ratio * cfg.dim)
         self.mlp = nn.Sequential(nn.Linear(cfg.dim, hidden), nn.GELU(approximate="tanh"),
                                  nn.Linear(hidden, cfg.dim))
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()  # p=0 saves no mask
 
     def forward(self, x, cache=None):
         x = x + self.drop(self.attn(self.ln1(x), cache))
@@ -70,7 +72,9 @@ class ImageTransformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg.validate()
+        forced_backend()  # a bad IMGGEN_BACKEND is a clear error before any work
         self.patterns = cfg.patterns()
+        self.checkpointing = False  # activation checkpointing per block (set by training)
         d = cfg.dim
         self.tok_emb = nn.Embedding(cfg.vocab, d)
         self.start = nn.Parameter(torch.zeros(d))
@@ -78,6 +82,8 @@ class ImageTransformer(nn.Module):
         self.col_emb = nn.Embedding(cfg.width, d)
         self.chan_emb = nn.Embedding(cfg.channels, d)
         self.blocks = nn.ModuleList(Block(cfg, p) for p in self.patterns)
+        self.context = None if cfg.context == "none" else ContextEncoder(
+            cfg.channels, cfg.height, cfg.width, cfg.context_width, d)
         self.ln_f = nn.LayerNorm(d)
         self.head = nn.Linear(d, cfg.vocab, bias=False)
         self.apply(self._init)
@@ -111,26 +117,59 @@ class ImageTransformer(nn.Module):
         x = torch.cat([start, self.tok_emb(tokens[:, : n - 1])], dim=1) if n > 1 else start[:, :n]
         return x + self.pos_emb(0, n)
 
-    def forward(self, tokens: torch.Tensor, caches=None) -> torch.Tensor:
+    # ---- context (inpainting models) -------------------------------------------------------
+    def make_context(self, images, masks) -> torch.Tensor:
+        """uint8 images (B, C, H, W) and bool masks (B, H, W) (True = unknown) -> the context tensor."""
+        if self.context is None:
+            raise ShapeError("this model was trained without a context (model.context = 'none'); inpaint with "
+                             "imggen.inpaint(model, image, mask) or train one with --task inpaint")
+        return make_context(images, masks, self.config.shape).to(self.start.device)
+
+    def context_features(self, context: torch.Tensor | None, batch: int) -> torch.Tensor | None:
+        """Per-position context features (B, N, dim) (None for models without a context)."""
+        cfg = self.config
+        if self.context is None:
+            if context is not None:
+                raise ShapeError("context= given to a model trained without a context (model.context = 'none')")
+            return None
+        if context is None:
+            raise ShapeError("this model was trained for inpainting with a context: call model(tokens, "
+                             "context=model.make_context(images, masks))")
+        if tuple(context.shape) != (batch, cfg.channels + 1, cfg.height, cfg.width):
+            raise ShapeError(f"context must be ({batch}, {cfg.channels + 1}, {cfg.height}, {cfg.width}) "
+                             f"(model.make_context); got {tuple(context.shape)}")
+        f = self.context(context.to(self.start.dtype)).flatten(2).transpose(1, 2)  # (B, H*W, dim)
+        y, x, _ = self.pos_index
+        return f[:, y * cfg.width + x]
+
+    def forward(self, tokens: torch.Tensor, caches=None, context: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, N, V); `context` (model.make_context) for context-trained models."""
         self.check_tokens(tokens)
         x = self.embed_inputs(tokens)
+        feats = self.context_features(context, tokens.shape[0])
+        if feats is not None:
+            x = x + feats[:, : tokens.shape[1]]
         for i, blk in enumerate(self.blocks):
-            x = blk(x, None if caches is None else caches[i])
+            if self.checkpointing and caches is None and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x, None if caches is None else caches[i])
         return self.head(self.ln_f(x))
 
     @torch.no_grad()
-    def step(self, prev: torch.Tensor | None, t: int, caches) -> torch.Tensor:
-        """Logits (B, V) at position t given token t-1 (`prev`, (B,) long; None at t = 0)."""
+    def step(self, prev: torch.Tensor | None, t: int, caches, features: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, V) at position t given token t-1 (`prev`, (B,) long; None at t = 0);
+        `features` = context_features(context) of a context-trained model, computed once."""
         if t == 0:
             x = self.start.expand(caches[0].batch, 1, -1)
         else:
             x = self.tok_emb(prev.view(-1, 1))
         x = x + self.pos_emb(t, t + 1)
+        if self.context is not None:
+            if features is None:
+                raise ShapeError("this model was trained for inpainting with a context: pass features="
+                                 "model.context_features(context, batch) to step()")
+            x = x + features[:, t:t + 1]
         for blk, cache in zip(self.blocks, caches):
             x = blk.step(x, t, cache)
         return self.head(self.ln_f(x))[:, 0]
-
-    def nll(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Mean negative log-likelihood (nats) per subpixel."""
-        logits = self(tokens)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens.reshape(-1))

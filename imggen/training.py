@@ -1,29 +1,32 @@
 """Training loop and the train.py CLI (single process, or DDP under torchrun).
 
-Reads top to bottom: parse flags -> config -> data -> model -> loop (AdamW, warmup + cosine,
-clipping, bf16 autocast on CUDA) with logging, validation bits/dim, sample grids and atomic
-checkpoints; `--resume` restores weights, optimizer, RNG state and the data position exactly.
+Reads top to bottom: `setup` (config, data, model, optimizer, `--resume`) -> `train_step` (one
+AdamW step: bf16 autocast on CUDA, clipping, a clear error on a non-finite loss) -> `periodic`
+(log, validation bits/dim, sample grids, atomic checkpoints) -> `finish` (test bits/dim, final
+grid). `--resume` restores weights, optimizer, RNG state and the data position exactly; SIGINT /
+SIGTERM finish the current step, save a checkpoint and exit with code 130.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import sys
+import signal
 import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from imggen.checkpoint import config_diff, load_weights, read_config, resolve, save_checkpoint
-from imggen.config import PRESETS, Config, apply_override, preset
-from imggen.errors import CheckpointError, ConfigError, ImggenError, TrainingError
+from imggen import checkpoint as ck
+from imggen.config import Config
+from imggen.errors import CheckpointError, ConfigError, Interrupted, TrainingError
 from imggen.model import ImageTransformer
 from imggen.tokens import tokenize
 
 LN2 = math.log(2.0)
+GRID_MIN_S = 5.0  # the end-of-run grid may always take this long
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -52,37 +55,27 @@ def unigram_bpd(tokens: torch.Tensor, vocab: int) -> float:
     return float(-(p * p.log2()).sum())
 
 
-@torch.no_grad()
-def evaluate_bpd(model, tokens: torch.Tensor, batch: int, device) -> float:
-    """Exact mean bits/dim over `tokens` (uint8/long (N, L))."""
-    model.eval()
-    total, count = 0.0, 0
-    for i in range(0, len(tokens), batch):
-        x = tokens[i: i + batch].long().to(device)
-        with _autocast(device):
-            logits = model(x)
-        nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1),
-                                                reduction="sum")
-        total += float(nll)
-        count += x.numel()
-    model.train()
-    return total / max(1, count) / LN2
-
-
-def _autocast(device):
+def autocast(device):
     dev = torch.device(device)
     return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
 
 
 class Logger:
-    def __init__(self, out: str, enabled: bool):
+    """log.jsonl rows and TensorBoard scalars; on resume, rows and events after `step` are dropped."""
+
+    def __init__(self, out: str, enabled: bool, step: int = 0):
         self.enabled, self.path, self.tb = enabled, os.path.join(out, "log.jsonl"), None
-        if enabled:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(os.path.join(out, "tb"))
-            except Exception:  # tensorboard is optional at run time
-                self.tb = None
+        if not enabled:
+            return
+        if step and os.path.exists(self.path):
+            with open(self.path) as f:
+                keep = [line for line in f if line.strip() and _row_step(line) <= step]
+            ck._atomic_write_text(self.path, "".join(keep))
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+            self.tb = SummaryWriter(os.path.join(out, "tb"), purge_step=step or None)
+        except Exception:  # tensorboard is optional at run time
+            self.tb = None
 
     def log(self, step: int, **scalars):
         if not self.enabled:
@@ -95,11 +88,19 @@ class Logger:
             self.tb.flush()
 
 
+def _row_step(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf  # a line cut by a killed run
+
+
 def build_model_and_optimizer(cfg: Config, device):
     """The seeded model and its AdamW (weight decay on matrices only), as training starts them."""
     t = cfg.train
     torch.manual_seed(t.seed)
     model = ImageTransformer(cfg.model).to(device)
+    model.checkpointing = t.activation_checkpointing
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
@@ -107,17 +108,23 @@ def build_model_and_optimizer(cfg: Config, device):
     return model, opt
 
 
-def _dist_setup():
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1, None
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend)
-    rank, local = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0"))
-    device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local)
-    return rank, world, device
+def train_step(model, opt, x: torch.Tensor, step: int, cfg: Config, device, loss_hook=None) -> float:
+    """One optimiser step on token batch x; returns the loss in bits/dim (TrainingError if not finite)."""
+    for g in opt.param_groups:
+        g["lr"] = lr_at(step, cfg)
+    with autocast(device):
+        logits = model(x)
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1))
+    if loss_hook is not None:
+        loss = loss_hook(step, loss)
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise TrainingError(f"loss became {value} at step {step}")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+    opt.step()
+    return value / LN2
 
 
 def load_data(cfg: Config):
@@ -137,220 +144,223 @@ def load_data(cfg: Config):
     return splits, data
 
 
+class StopSignal:
+    """SIGINT / SIGTERM set a flag; the loop saves and stops after the current step. A second
+    signal gets the default behaviour (the checkpoint write is atomic either way)."""
+
+    def __init__(self):
+        self.requested, self._old = False, {}
+
+    def _handle(self, signum, frame):
+        self.requested = True
+        signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
+
+    def __enter__(self):
+        if threading_main():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def threading_main() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
 # -------------------------------------------------------------------------------------- train
-def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, device: str | None = None,
-          data: dict | None = None, progress: bool = True, hooks: dict | None = None) -> dict:
-    """Train `cfg` into run directory `out`. Returns final metrics. `data` = pre-tokenised splits."""
+@dataclass
+class Run:
+    cfg: Config
+    out: str
+    device: str
+    rank: int
+    world: int
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    splits: dict
+    step: int = 0
+    last_good: str | None = None
+    metrics: dict = field(default_factory=dict)
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def _dist_setup():
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1, None
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    rank, local = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0"))
+    device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+    return rank, world, device
+
+
+def setup(cfg: Config, out: str, resume: bool, overwrite: bool, device: str | None, data: dict | None) -> Run:
+    """Config checks, run directory, model + optimizer (restored with --resume), data."""
     rank, world, dist_device = _dist_setup()
     device = dist_device or device or ("cuda" if torch.cuda.is_available() else "cpu")
-    main_proc = rank == 0
-    cfg.model.validate()
-    t = cfg.train
-    if t.batch_size % world:
-        raise ConfigError(f"--batch-size {t.batch_size} must be divisible by the number of processes ({world})")
+    cfg.validate()
+    if cfg.train.batch_size % world:
+        raise ConfigError(f"--batch-size {cfg.train.batch_size} must be divisible by the number of processes ({world})")
     os.makedirs(out, exist_ok=True)
-    has_ckpt = os.path.exists(os.path.join(out, "checkpoints", "LATEST"))
-    if has_ckpt and not (resume or overwrite):
+    found = ck.find_checkpoint(out)
+    if resume and found is None:
+        raise CheckpointError(f"--resume: {out} holds no checkpoint to continue; run without --resume to start fresh")
+    if found and not (resume or overwrite):
         raise CheckpointError(f"{out} already holds a checkpoint; pass --resume to continue it or "
                               f"--overwrite to start again (or choose another --out)")
-
     model, opt = build_model_and_optimizer(cfg, device)
-    step = 0
-    if resume and has_ckpt:
-        ckpt = resolve(out)
-        diff = config_diff(read_config(ckpt), cfg) + config_diff(read_config(ckpt), cfg, "data")
+    run = Run(cfg, out, device, rank, world, model, opt, {})
+    if resume:
+        saved = ck.read_config(found)
+        diff = ck.config_diff(saved, cfg) + ck.config_diff(saved, cfg, "data")
         if diff:
             raise CheckpointError(f"cannot resume {out}: its config differs from the requested one:\n  "
                                   + "\n  ".join(diff))
-        load_weights(model, ckpt, cfg)
-        state = torch.load(os.path.join(ckpt, "state.pt"), map_location=device, weights_only=False)
+        ck.load_weights(model, found, cfg)
+        state = ck.load_state(found, device)
         opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
-        step = state["step"]
-        if main_proc:
-            print(f"resumed {out} at step {step}")
-    if main_proc:
-        with open(os.path.join(out, "config.json"), "w") as f:
-            f.write(cfg.to_json())
+        run.step, run.last_good = state["step"], found
+        if run.main:
+            print(f"resumed {out} at step {run.step} from {found}")
+    if run.main:
+        ck._atomic_write_text(os.path.join(out, "config.json"), cfg.to_json())
+    run.splits = data if data is not None else load_data(cfg)[0]
+    if run.main:
+        print(f"data {cfg.data.spec}: {len(run.splits['train'])} train / {len(run.splits['val'])} val / "
+              f"{len(run.splits['test'])} test images of {cfg.model.shape}; "
+              f"model {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, attention {cfg.model.attention}")
+    return run
 
-    splits = data if data is not None else load_data(cfg)[0]
-    train_tok = splits["train"]
-    if main_proc:
-        print(f"data {cfg.data.spec}: {len(train_tok)} train / {len(splits['val'])} val / "
-              f"{len(splits['test'])} test images of {cfg.model.shape}; "
-              f"model {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, "
-              f"attention {cfg.model.attention}")
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    logger = Logger(out, main_proc)
-    model.train()
-    bar = tqdm(total=t.steps, initial=step, desc="train", unit="step", disable=not (progress and main_proc),
-               dynamic_ncols=True)
-    last_good = resolve(out) if has_ckpt and resume else None
-    tok_per_step = t.batch_size * cfg.model.seq_len
-    t_last, s_last = time.time(), step
-    metrics, data_time = {}, 0.0
-    while step < t.steps:
-        t_data = time.perf_counter()
-        idx = batch_indices(step, t.batch_size, len(train_tok), t.seed)[rank::world]
-        x = train_tok[idx].long().to(device)
-        data_time += time.perf_counter() - t_data
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg)
-        with _autocast(device):
-            logits = ddp(x)
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1))
-        if hooks and "loss" in hooks:
-            loss = hooks["loss"](step, loss)
-        if not torch.isfinite(loss):
-            bar.close()
-            where = f"the last good checkpoint is {last_good}" if last_good else "no checkpoint was saved yet"
-            raise TrainingError(f"loss became {float(loss.detach())} at step {step}; training stopped and {where}. "
-                                f"Lower --lr (now {t.lr}) or --train.grad_clip, then --resume")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-        opt.step()
-        step += 1
-        bpd = float(loss.detach()) / LN2
-        bar.update(1)
-        if step % t.log_every == 0 or step == t.steps:
-            now = time.time()
-            tps = tok_per_step * (step - s_last) / max(1e-9, now - t_last)
-            data_frac = data_time / max(1e-9, now - t_last)
-            t_last, s_last, data_time = now, step, 0.0
-            bar.set_postfix(bpd=f"{bpd:.3f}", tok_s=f"{tps:.0f}")
-            logger.log(step, train_bpd=bpd, lr=lr_at(step - 1, cfg), tokens_per_s=tps, data_wait_frac=data_frac)
-        if main_proc and (step % t.eval_every == 0 or step == t.steps):
-            val = evaluate_bpd(model, splits["val"][: t.eval_images], t.batch_size, device)
-            logger.log(step, val_bpd=val)
-            metrics["val_bpd"] = val
-        if main_proc and t.sample_every and step % t.sample_every == 0 and step != t.steps:
-            _sample_grid(model, cfg, out, step)
-        if step % t.ckpt_every == 0 or step == t.steps:
-            if main_proc:
-                last_good = save_checkpoint(out, step, model, cfg, {
-                    "optimizer": opt.state_dict(), "rng": torch.get_rng_state(), "step": step})
-            if world > 1:
-                dist.barrier()
+
+def periodic(run: Run, logger: Logger, rate: dict) -> None:
+    """After each step: log, validate, sample, checkpoint, as the config's intervals say."""
+    t, step = run.cfg.train, run.step
+    if step % t.log_every == 0 or step == t.steps:
+        now = time.time()
+        tps = t.batch_size * run.cfg.model.seq_len * (step - rate["step"]) / max(1e-9, now - rate["time"])
+        rate.update(step=step, time=now, tokens_per_s=tps)
+        logger.log(step, train_bpd=rate["bpd"], lr=lr_at(step - 1, run.cfg), tokens_per_s=tps)
+    if run.main and (step % t.eval_every == 0 or step == t.steps):
+        run.metrics["val_bpd"] = val = evaluate(run.model, run.splits["val"][: t.eval_images], t.batch_size)
+        logger.log(step, val_bpd=val)
+    if run.main and t.sample_every and step % t.sample_every == 0 and step != t.steps:
+        sample_grid(run.model, run.cfg, run.out, step, t.sample_num)
+    if step % t.ckpt_every == 0 or step == t.steps:
+        save(run)
+
+
+def save(run: Run) -> None:
+    if run.main:
+        run.last_good = ck.save_checkpoint(run.out, run.step, run.model, run.cfg, {
+            "optimizer": run.opt.state_dict(), "rng": torch.get_rng_state(), "step": run.step})
+    if run.world > 1:
+        dist.barrier()
+
+
+def evaluate(model, tokens: torch.Tensor, batch: int) -> float:
+    from imggen.eval.bpd import token_bits_per_dim
+    return float(token_bits_per_dim(model, tokens, batch).mean())
+
+
+def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, device: str | None = None,
+          data: dict | None = None, progress: bool = True, hooks: dict | None = None) -> dict:
+    """Train `cfg` into run directory `out`. Returns final metrics. `data` = pre-tokenised splits."""
+    run = setup(cfg, out, resume, overwrite, device, data)
+    t = cfg.train
+    net = torch.nn.parallel.DistributedDataParallel(run.model) if run.world > 1 else run.model
+    logger = Logger(out, run.main, run.step)
+    bar = tqdm(total=t.steps, initial=run.step, desc="train", unit="step", dynamic_ncols=True,
+               disable=not (progress and run.main))
+    rate = {"step": run.step, "time": time.time(), "bpd": math.nan}
+    t_start = time.time()
+    run.model.train()
+    with StopSignal() as stop:
+        while run.step < t.steps:
+            idx = batch_indices(run.step, t.batch_size, len(run.splits["train"]), t.seed)[run.rank::run.world]
+            x = run.splits["train"][idx].long().to(run.device)
+            try:
+                rate["bpd"] = train_step(net, run.opt, x, run.step, cfg, run.device, (hooks or {}).get("loss"))
+            except TrainingError as e:
+                bar.close()
+                where = f"the last good checkpoint is {run.last_good}" if run.last_good else "no checkpoint was saved yet"
+                raise TrainingError(f"{e}; training stopped and {where}. Lower --lr (now {t.lr}) or "
+                                    f"--train.grad_clip, then --resume") from None
+            run.step += 1
+            bar.update(1)
+            bar.set_postfix(bpd=f"{rate['bpd']:.3f}", tok_s=f"{rate.get('tokens_per_s', 0):.0f}")
+            periodic(run, logger, rate)
+            if _stop_requested(run, stop) and run.step < t.steps:
+                bar.close()
+                if run.step % t.ckpt_every:  # not saved by periodic() already
+                    save(run)
+                raise Interrupted(f"interrupted at step {run.step}, saved; continue with --resume")
     bar.close()
-    if main_proc:
-        test = evaluate_bpd(model, splits["test"], t.batch_size, device)
-        uni = unigram_bpd(train_tok, cfg.model.vocab)
-        metrics.update(test_bpd=test, unigram_bpd=uni, steps=step)
-        logger.log(step, test_bpd=test)
-        grid = _sample_grid(model, cfg, out, step)
-        with open(os.path.join(out, "metrics.json"), "w") as f:
-            json.dump(metrics, f, indent=2)
+    return finish(run, logger, time.time() - t_start)
+
+
+def _stop_requested(run: Run, stop: StopSignal) -> bool:
+    if run.world == 1:
+        return stop.requested
+    flag = torch.tensor([float(stop.requested)], device=run.device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def finish(run: Run, logger: Logger, train_s: float) -> dict:
+    cfg, t = run.cfg, run.cfg.train
+    if run.main:
+        test = evaluate(run.model, run.splits["test"], t.batch_size)
+        uni = unigram_bpd(run.splits["train"], cfg.model.vocab)
+        run.metrics.update(test_bpd=test, unigram_bpd=uni, steps=run.step)
+        logger.log(run.step, test_bpd=test)
+        grid = final_grid(run, train_s)
+        ck._atomic_write_text(os.path.join(run.out, "metrics.json"), json.dumps(run.metrics, indent=2))
         print(f"test bits/dim {test:.3f} (unigram entropy of the data {uni:.3f} bits/dim); "
-              f"checkpoint {out}; samples {grid}")
-    if world > 1:
+              f"checkpoint {run.last_good}; samples {grid}")
+    if run.world > 1:
         dist.destroy_process_group()
-    return metrics
+    return run.metrics
 
 
-def _sample_grid(model, cfg: Config, out: str, step: int) -> str:
-    from imggen.images import save_grid
+def final_grid(run: Run, train_s: float) -> str:
+    """The end-of-run grid: `sample_num` images, or as many as fit in `grid_time_frac` of the
+    training time (at least GRID_MIN_S; estimated from a few decode steps); none when it is 0."""
+    from imggen.sampling import decode_seconds_per_step
+
+    t = run.cfg.train
+    if t.grid_time_frac <= 0:
+        return "(none: train.grid_time_frac is 0)"
+    budget, num = max(GRID_MIN_S, t.grid_time_frac * train_s), t.sample_num
+    while num >= 1:
+        cost = decode_seconds_per_step(run.model, num) * run.cfg.model.seq_len
+        if cost <= budget:
+            return sample_grid(run.model, run.cfg, run.out, run.step, num)
+        num = num // 2
+    return (f"(none: one image would take about {cost:.0f} s, over {budget:.0f} s = {t.grid_time_frac:.0%} of "
+            f"the training time; sample.py draws them)")
+
+
+def sample_grid(model, cfg: Config, out: str, step: int, num: int) -> str:
+    from imggen.images import image_scale, save_grid
     from imggen.sampling import detokenize, sample
 
     model.eval()
-    toks = sample(model, cfg.train.sample_num, seed=cfg.train.seed, top_k=None)
+    toks = sample(model, num, seed=cfg.train.seed, progress=True)
     model.train()
     imgs = detokenize(model, toks).numpy()
     path = os.path.join(out, "samples", f"step_{step:07d}.png")
-    save_grid(imgs, path, scale=max(1, 128 // cfg.model.width))
-    save_grid(imgs, os.path.join(out, "samples.png"), scale=max(1, 128 // cfg.model.width))
+    scale = image_scale(cfg.model.width)
+    save_grid(imgs, path, scale=scale)
+    save_grid(imgs, os.path.join(out, "samples.png"), scale=scale)
     return path
-
-
-# ---------------------------------------------------------------------------------------- CLI
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one clear line, exit code 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-PATTERN_FLAGS = {  # flag -> (model field, type, help)
-    "window": (int, "band/diffuser window in tokens (default: two rows for band, one for diffuser)"),
-    "radius": (int, "local2d neighbourhood radius in pixels"),
-    "block": (int, "bigbird/diffuser block size in tokens (default 32 or 64; the GPU kernels take 16..128)"),
-    "window_blocks": (int, "bigbird sliding-window blocks (current block included)"),
-    "global_blocks": (int, "bigbird global (sink) blocks"),
-    "random_blocks": (int, "bigbird random blocks per query block"),
-    "global_tokens": (int, "diffuser global (sink) tokens"),
-    "random_edges": (int, "diffuser random keys per query block"),
-    "diffusion_steps": (int, "diffuser diffusion steps K"),
-    "alpha": (float, "diffuser restart probability alpha"),
-    "stride": (int, "strided pattern stride (default: row width W*C)"),
-}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="train.py", description="Train an imggen model. Extra settings: --model.NAME VALUE, "
-                 "--train.NAME VALUE, --data.NAME VALUE (see imggen/config.py).")
-    ap.add_argument("--preset", default="demo", choices=sorted(PRESETS), help="named preset (default demo)")
-    ap.add_argument("--data", help="KIND[:PATH]: molecules[:file.csv|.smi|.sdf], brats:DIR, brats-demo, "
-                                   "cifar:DIR, folder:DIR")
-    ap.add_argument("--out", help="run directory for checkpoints, logs and samples (default runs/PRESET)")
-    ap.add_argument("--steps", type=int, help="training steps")
-    ap.add_argument("--batch-size", type=int, help="global batch size (split across processes)")
-    ap.add_argument("--lr", type=float, help="peak learning rate")
-    ap.add_argument("--seed", type=int, help="seed for initialisation and data order")
-    ap.add_argument("--attention", help="pattern kind, or a comma list cycled over layers: full, band, "
-                                        "local2d, bigbird, diffuser, strided")
-    for name, (typ, help_) in PATTERN_FLAGS.items():
-        ap.add_argument("--" + name.replace("_", "-"), type=typ, help=help_)
-    ap.add_argument("--backend", choices=["auto", "cpu", "triton", "reference"], help="attention backend")
-    ap.add_argument("--skip-bad", action="store_true", help="skip and count unreadable data items")
-    ap.add_argument("--limit", type=int, help="use at most this many images per split")
-    ap.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
-    ap.add_argument("--overwrite", action="store_true", help="start again even if --out holds a checkpoint")
-    ap.add_argument("--device", help="torch device (default cuda when available)")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return ap
-
-
-def config_from_args(argv=None) -> tuple[Config, argparse.Namespace]:
-    ap = build_parser()
-    args, rest = ap.parse_known_args(argv)
-    cfg = preset(args.preset)
-    simple = {"steps": ("train", "steps"), "batch_size": ("train", "batch_size"), "lr": ("train", "lr"),
-              "seed": ("train", "seed"), "attention": ("model", "attention"), "backend": ("model", "backend"),
-              "data": ("data", "spec"), "limit": ("data", "limit"),
-              **{k: ("model", k) for k in PATTERN_FLAGS}}
-    if args.attention:  # a new pattern kind: drop preset pattern parameters meant for another kind
-        cfg.model.window = None
-    for arg, (section, field) in simple.items():
-        val = getattr(args, arg)
-        if val is not None:
-            setattr(getattr(cfg, section), field if field != "diffusion_steps" else "diffusion_steps", val)
-    if args.skip_bad:
-        cfg.data.skip_bad = True
-    if len(rest) % 2:
-        ap.error(f"unrecognized or incomplete arguments: {' '.join(rest)}")
-    for flag, value in zip(rest[::2], rest[1::2]):
-        if not flag.startswith("--") or "." not in flag:
-            ap.error(f"unrecognized argument {flag}")
-        try:
-            apply_override(cfg, flag[2:], value)
-        except ConfigError as e:
-            ap.error(str(e))
-    try:
-        cfg.model.validate()
-    except ConfigError as e:
-        ap.error(str(e))
-    return cfg, args
-
-
-def main(argv=None) -> int:
-    cfg, args = config_from_args(argv)
-    out = args.out or os.path.join("runs", cfg.preset)
-    try:
-        train(cfg, out, resume=args.resume, overwrite=args.overwrite, device=args.device,
-              progress=not args.no_progress)
-    except ImggenError as e:
-        print(f"train.py: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

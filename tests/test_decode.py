@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-import imggen.eviction as ev
-from imggen.cache import make_caches
+import imggen.decode as dec
+from imggen.decode import make_cache, make_caches
 from imggen.config import ModelConfig
 from imggen.model import ImageTransformer
 from imggen.patterns import make_pattern
@@ -28,7 +28,7 @@ CASES = {
 
 @pytest.fixture(autouse=True)
 def debug_caches(monkeypatch):
-    monkeypatch.setattr(ev, "DEBUG", True)
+    monkeypatch.setattr(dec, "DEBUG", True)
 
 
 def _model(channels, seed=0, height=5, width=7, **kw):
@@ -68,43 +68,51 @@ def test_last_reads_match_the_mask(kind, params):
     """The eviction arithmetic equals the definition (pattern.mask) exactly, for every head."""
     p = make_pattern(kind, **params).for_layer(1)
     full = params["height"] * params["width"] * params["channels"] if kind == "local2d" else 105
-    np.testing.assert_array_equal(ev.last_reads(p, full, 4), ev.true_last_reads(p, full, 4))
+    np.testing.assert_array_equal(p.last_reads(full, 4), dec.true_last_reads(p, full, 4))
     # a shorter sequence (local2d: rows cut short) may only over-estimate: keys kept longer, never less
-    assert (ev.last_reads(p, 50, 4) >= ev.true_last_reads(p, 50, 4)).all()
+    short = min(50, full - 3)
+    assert (p.last_reads(short, 4) >= dec.true_last_reads(p, short, 4)).all()
 
 
 def test_debug_mode_catches_an_eviction_bug(monkeypatch):
     """A ring one slot too small evicts a key its last reader still needs: debug mode says so."""
     model = _model(1, **CASES["band"])
-    monkeypatch.setattr(ev.BandCache, "_capacity", lambda self, p, n, h: p.window - 1)
+    real = dec.slot_plan
+
+    def short_ring(pattern, n, heads, policy):
+        plan = real(pattern, n, heads, policy)
+        cap = plan.capacity - 1
+        return dec.SlotPlan(cap, np.arange(n) % cap, np.minimum(np.arange(n) + 1, cap), plan.last)
+
+    monkeypatch.setattr(dec, "slot_plan", short_ring)
     x = torch.randint(0, 16, (1, model.config.seq_len))
     with pytest.raises(AssertionError, match="evict"):
         teacher_force(model, x, cache="evict")
 
 
 def test_cache_sizes(monkeypatch):
-    monkeypatch.setattr(ev, "DEBUG", False)  # debug mode builds n x n masks
+    monkeypatch.setattr(dec, "DEBUG", False)  # debug mode builds n x n masks
     n = 64 * 64
     band = make_pattern("band", window=256)
-    sizes = [ev.make_eviction_cache(band, 1, 4, 16, h * 64, keep_all=False).capacity for h in (16, 64, 128)]
+    sizes = [make_cache(band, 1, 4, 16, h * 64, keep_all=False).capacity for h in (16, 64, 128)]
     assert sizes == [256, 256, 256]
     # local2d: r rows + (r + 1) pixels of subpixels minus the shift; independent of the height
     for c in (1, 3):
         for h in (8, 64):
             p = make_pattern("local2d", height=h, width=32, channels=c, radius=3, shift=1)
-            cache = ev.make_eviction_cache(p, 1, 4, 16, h * 32 * c)
+            cache = make_cache(p, 1, 4, 16, h * 32 * c)
             assert cache.capacity == 3 * 32 * c + 4 * c - 1
-    full = ev.make_eviction_cache(make_pattern("full"), 2, 4, 16, n)
-    small = ev.make_eviction_cache(band, 2, 4, 16, n)
+    full = make_cache(make_pattern("full"), 2, 4, 16, n)
+    small = make_cache(band, 2, 4, 16, n)
     assert full.nbytes() > 15 * small.nbytes()
     # diffuser caches carry Z1..Z(K-1) next to k, v
     d = make_pattern("diffuser", window=64, global_tokens=64, random_edges=8, steps=5, block=64)
-    dc = ev.make_eviction_cache(d, 1, 4, 16, n)
+    dc = make_cache(d, 1, 4, 16, n)
     assert dc.z.shape == (4, 1, 4, dc.capacity, 16) and dc.capacity < n
     # bigbird: planned capacity never exceeds the live maximum it was computed from
     b = make_pattern("bigbird", block=64, window_blocks=3, global_blocks=1, random_blocks=2)
-    slots, hi, cap = ev.slot_plan(b, n, 4)
-    assert slots.max() == cap - 1 and hi[-1] == cap
+    plan = dec.slot_plan(b, n, 4, "interval")
+    assert plan.slots.max() == plan.capacity - 1 and plan.hi[-1] == plan.capacity
 
 
 @pytest.mark.parametrize("case", ["local2d", "diffuser", "mixed"])
@@ -161,7 +169,7 @@ def test_keep_all_baseline_parity(case):
     model = _model(1, **CASES[case])
     cfg = model.config
     x = torch.randint(0, 16, (2, cfg.seq_len))
-    caches = [ev.make_eviction_cache(p, 2, cfg.heads, cfg.dim // cfg.heads, cfg.seq_len, keep_all=True)
+    caches = [make_cache(p, 2, cfg.heads, cfg.dim // cfg.heads, cfg.seq_len, keep_all=True)
               for p in model.patterns]
     assert all(c.capacity == cfg.seq_len for c in caches)
     with torch.no_grad():
@@ -174,14 +182,14 @@ def test_keep_all_baseline_parity(case):
 def test_decode_attention_matches_the_kernel_reference():
     """The bias layout handed to imggen.kernels.decode_attention on CUDA matches its reference."""
     kernels = pytest.importorskip("imggen.kernels")
-    from imggen.cache import decode_attention
+    from imggen.decode import decode_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(2, 4, 16, generator=g), torch.randn(2, 4, 9, 16, generator=g), torch.randn(2, 4, 9, 16, generator=g)
     bias = torch.zeros(4, 9).masked_fill_(torch.rand(4, 9, generator=g) < 0.4, float("-inf"))
     bias[:, 0] = 0
     ref = kernels.decode_attention_reference(q, k, v, bias[None])
-    torch.testing.assert_close(decode_attention(q, k, v, bias, 16 ** -0.5), ref)
+    torch.testing.assert_close(decode_attention(q, k, v, bias), ref)
 
 
 @pytest.mark.parametrize("draw", range(6))

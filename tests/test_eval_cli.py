@@ -14,7 +14,8 @@ from PIL import Image
 from imggen.config import Config, DataConfig, ModelConfig, TrainConfig
 from imggen.eval.__main__ import build_parser, main
 from imggen.eval.bpd import bits_per_dim
-from imggen.eval.report import inpaint_batch, load_run, run_inpaint
+from imggen.eval.run import load_run
+from imggen.eval.runners import inpaint_batch, run_inpaint
 from imggen.model import ImageTransformer
 from imggen.tokens import tokenize
 from imggen.training import train

@@ -16,7 +16,8 @@ from imggen.config import Config, ModelConfig, TrainConfig, DataConfig
 from imggen.errors import CheckpointError, ShapeError, TrainingError
 from imggen.model import ImageTransformer
 from imggen.tokens import detokenize_tokens, tokenize
-from imggen.training import config_from_args, train, unigram_bpd
+from imggen.cli import config_from_args
+from imggen.training import train, unigram_bpd
 
 ATTN = ["full", "band", "local2d", "bigbird", "diffuser", "strided", "local2d,band"]
 

@@ -1,4 +1,4 @@
-"""sample.py CLI (imggen.sampling.main) on a tiny checkpoint: sampling, prefix completion,
+"""sample.py CLI (imggen.cli.sample_main) on a tiny checkpoint: sampling, prefix completion,
 inpainting with ranking and triplets, and one-line errors with exit code 2."""
 import numpy as np
 import pytest
@@ -7,8 +7,9 @@ from PIL import Image
 
 from imggen.checkpoint import save_checkpoint
 from imggen.config import Config, ModelConfig
+from imggen.images import image_scale
 from imggen.model import ImageTransformer
-from imggen.sampling import main
+from imggen.cli import sample_main as main
 
 torch.set_num_threads(1)
 H, W = 6, 5
@@ -55,13 +56,17 @@ def test_inpaint_keeps_known_pixels(tmp_path, capsys, channels):
     out, trip = tmp_path / "filled.png", tmp_path / "triplet.png"
     rc, stdout, err = _run(capsys, "--checkpoint", run, "--inpaint", _png(tmp_path / "img.png", img),
                            "--mask", _png(tmp_path / "mask.png", mask), "--rank", 3, "--seed", 0,
-                           "--out", out, "--triplet", trip, "--device", "cpu")
+                           "--out", out, "--triplet", trip, "--device", "cpu", "--scale", 1)
     assert rc == 0, err
     filled = np.asarray(Image.open(out))
     assert filled.shape == shape
     known = mask == 0
     assert np.array_equal(filled[known], img[known])
     assert Image.open(trip).size[0] > 3 * W  # original | masked | filled
+    rc, _, err = _run(capsys, "--checkpoint", run, "--inpaint", tmp_path / "img.png", "--mask", tmp_path / "mask.png",
+                      "--out", tmp_path / "big.png", "--device", "cpu")  # fills are scaled like grids by default
+    assert rc == 0, err
+    assert Image.open(tmp_path / "big.png").size == (W * image_scale(W), H * image_scale(W))
 
 
 def test_prefix_completion(tmp_path, capsys):
@@ -69,7 +74,7 @@ def test_prefix_completion(tmp_path, capsys):
     img = np.random.default_rng(1).integers(0, 256, (H, W))
     out = tmp_path / "done.png"
     rc, _, err = _run(capsys, "--checkpoint", run, "--prefix", _png(tmp_path / "p.png", img),
-                      "--prefix-rows", 2, "--num", 1, "--seed", 3, "--out", out, "--device", "cpu")
+                      "--prefix-rows", 2, "--num", 1, "--seed", 3, "--out", out, "--device", "cpu", "--scale", 1)
     assert rc == 0, err
     assert np.array_equal(np.asarray(Image.open(out))[:2], img[:2])
 

@@ -1,0 +1,151 @@
+"""Run I/O for the evaluation CLI: a run directory's model and config, its data, its log, image
+files, and strict JSON output."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from imggen.errors import ConfigError, DataError
+
+
+@dataclass
+class Run:
+    path: str          # what the user passed
+    ckpt: str          # resolved checkpoint directory
+    run_dir: str | None  # the run directory (holds log.jsonl / metrics.json) when there is one
+    cfg: object        # imggen.config.Config
+    model: torch.nn.Module
+    step: int | None
+
+
+def load_run(path: str, device: str = "cpu") -> Run:
+    """Model + full config of a run dir / checkpoint dir (CheckpointError when missing)."""
+    from imggen.checkpoint import load_model, read_config, resolve
+
+    ckpt = resolve(path)
+    cfg, model = read_config(ckpt), load_model(ckpt, device)
+    run_dir = None
+    for cand in (path, os.path.dirname(os.path.dirname(os.path.abspath(ckpt)))):
+        if os.path.isdir(cand) and (os.path.exists(os.path.join(cand, "config.json"))
+                                    and os.path.isdir(os.path.join(cand, "checkpoints"))):
+            run_dir = cand
+            break
+    step = None
+    base = os.path.basename(os.path.normpath(ckpt))
+    if base.startswith("step_"):
+        try:
+            step = int(base[5:])
+        except ValueError:
+            pass
+    return Run(path, ckpt, run_dir, cfg, model, step)
+
+
+def load_data(cfg, spec: str | None = None):
+    """The run's data (or `spec`) at the model's size; DataError naming --data on failure."""
+    from imggen.datasets import load_dataset
+
+    spec = spec or cfg.data.spec
+    m = cfg.model
+    opts = {"progress": False} if spec.split(":")[0] == "molecules" else {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return load_dataset(spec, height=m.height, width=m.width, channels=m.channels, seed=cfg.train.seed,
+                                skip_bad=True, **opts)
+    except DataError as e:
+        raise DataError(f"cannot load evaluation data {spec!r} ({e}); pass --data KIND[:PATH]") from None
+
+
+def split_images(data, name: str, limit: int | None):
+    imgs = data.split(name)
+    if limit is not None:
+        if limit < 1:
+            raise ConfigError(f"--limit must be >= 1, got {limit}")
+        imgs = imgs[:limit]
+    if len(imgs) == 0:
+        raise DataError(f"the {name} split of the evaluation data is empty")
+    return imgs
+
+
+def jsonable(x):
+    """Replace non-finite floats by None, numpy scalars/arrays by Python values (strict JSON)."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return jsonable(x.tolist())
+    if isinstance(x, (np.floating, float)):
+        return float(x) if math.isfinite(float(x)) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
+    return x
+
+
+def write_json(obj, path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(jsonable(obj), f, indent=2, allow_nan=False)
+        f.write("\n")
+
+
+def load_images(path: str) -> np.ndarray:
+    """uint8 (N, C, H, W) from an .npz (key 'images', else its only / first array) or a folder of images."""
+    from imggen.images import load_image
+
+    if not os.path.exists(path):
+        raise DataError(f"{path} does not exist; pass an .npz of uint8 images or a folder of PNG/JPEG files")
+    if os.path.isdir(path):
+        names = sorted(f for f in os.listdir(path)
+                       if f.lower().endswith((".png", ".jpg", ".jpeg", ".bmp", ".webp")))
+        if not names:
+            raise DataError(f"folder {path} holds no .png/.jpg images")
+        arrs = [load_image(os.path.join(path, f), 3) for f in names]
+        shapes = {a.shape for a in arrs}
+        if len(shapes) > 1:
+            raise DataError(f"images in {path} have different sizes {sorted(shapes)[:3]}...; resize them to one size")
+        return np.stack(arrs)
+    try:
+        with np.load(path) as z:
+            keys = list(z.keys())
+            if not keys:
+                raise DataError(f"{path} holds no arrays")
+            a = z["images"] if "images" in keys else z[keys[0]]
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot read {path} as .npz ({e})") from None
+    if a.dtype != np.uint8:
+        raise DataError(f"{path}: images must be uint8 0..255, got {a.dtype}")
+    if a.ndim == 3:
+        a = a[:, None]
+    if a.ndim != 4:
+        raise DataError(f"{path}: expected images (N, C, H, W), (N, H, W, C) or (N, H, W), got {a.shape}")
+    if a.shape[1] not in (1, 3) and a.shape[-1] in (1, 3):
+        a = a.transpose(0, 3, 1, 2)
+    if a.shape[1] not in (1, 3):
+        raise DataError(f"{path}: images need 1 or 3 channels, got shape {a.shape}")
+    return np.ascontiguousarray(a)
+
+
+def read_log(run_dir: str | None) -> list[dict]:
+    if not run_dir:
+        return []
+    path = os.path.join(run_dir, "log.jsonl")
+    rows = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        continue  # a line cut by a killed run
+    return rows

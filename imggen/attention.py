@@ -1,0 +1,151 @@
+"""Sparse causal attention behind one call: `sparse_attention(q, k, v, pattern, backend)`.
+
+q, k, v: (B, H, N, D); scale 1/sqrt(D); head h uses `pattern.mask(N, head=h)`.
+Diffuser patterns: A = row-softmax of the scores over the mask, Z0 = V,
+Z(k+1) = (1 - alpha) A Z(k) + alpha V, output Z(steps).
+
+Backends
+* `reference`: dense masked softmax (pass float64 for an exact oracle). Slow, obviously right.
+* `cpu`: blocked PyTorch (imggen.blocked), the default on CPU.
+* `triton`: kernels in `imggen.kernels` (CUDA, or CPU tensors under TRITON_INTERPRET=1).
+* `flex`: torch's FlexAttention with a BlockMask from the pattern's layout (imggen.flex).
+* `auto`: on CUDA the Triton kernels once a first-use self-check against the reference passes for
+  that (pattern kind, dtype, head dim), flex otherwise (one warning); cpu on CPU.
+`IMGGEN_BACKEND=triton|flex|cpu|reference` forces one backend everywhere (no self-check).
+Patterns with `head_groups` (strided) run each group of heads as its own pattern.
+"""
+from __future__ import annotations
+
+import math
+import os
+import warnings
+
+import torch
+
+from imggen.errors import ConfigError, ShapeError
+from imggen.patterns import Pattern
+
+BACKENDS = ("reference", "cpu", "triton", "flex", "auto")
+
+
+def _check(q, k, v, pattern):
+    if not isinstance(pattern, Pattern):
+        raise TypeError(f"pattern must come from imggen.make_pattern, got {type(pattern).__name__}")
+    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
+        raise ShapeError(f"q, k, v must all be (B, H, N, D) of one shape; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise ShapeError(f"q, k, v must share one floating dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    pattern.check_length(q.shape[2])
+
+
+def sparse_attention(q, k, v, pattern: Pattern, backend: str = "auto", **kw) -> torch.Tensor:
+    _check(q, k, v, pattern)
+    backend = resolve_backend(backend, q, pattern)
+    groups = pattern.head_groups(q.shape[1]) if backend != "reference" else None
+    if groups:
+        outs = [_run(backend, q[:, idx], k[:, idx], v[:, idx], sub, kw) for idx, sub in groups]
+        order = torch.cat([idx for idx, _ in groups]).argsort()
+        return torch.cat(outs, 1)[:, order.to(q.device)]
+    return _run(backend, q, k, v, pattern, kw)
+
+
+def _run(backend, q, k, v, pattern, kw):
+    if backend == "reference":
+        return reference_attention(q, k, v, pattern)
+    if backend == "cpu":
+        from imggen.blocked import cpu_attention
+        return cpu_attention(q, k, v, pattern, **kw)
+    if backend == "triton":
+        from imggen import kernels
+        return kernels.sparse_attention(q, k, v, pattern, **kw)
+    if backend == "flex":
+        from imggen.flex import flex_attention
+        return flex_attention(q, k, v, pattern)
+    raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def reference_attention(q, k, v, pattern: Pattern) -> torch.Tensor:
+    n, d = q.shape[-2], q.shape[-1]
+    mask = pattern.masks(n, q.shape[1], q.device)
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(d)
+    a = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
+    if not pattern.is_diffusion:
+        return a @ v
+    z = v
+    for _ in range(pattern.steps):
+        z = (1 - pattern.alpha) * (a @ z) + pattern.alpha * v
+    return z
+
+
+# ------------------------------------------------------------------------------ backend choice
+def forced_backend() -> str | None:
+    env = os.environ.get("IMGGEN_BACKEND", "").strip()
+    if env and env not in BACKENDS:
+        raise ConfigError(f"IMGGEN_BACKEND={env!r}: choose one of {', '.join(BACKENDS)}")
+    return env if env and env != "auto" else None
+
+
+def on_gpu(q: torch.Tensor) -> bool:
+    return q.is_cuda
+
+
+def resolve_backend(backend: str, q: torch.Tensor, pattern: Pattern) -> str:
+    """The backend a call runs on: IMGGEN_BACKEND, else `backend`, with `auto` resolved."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    backend = forced_backend() or backend
+    if backend != "auto":
+        return backend
+    if not on_gpu(q):
+        return "cpu"
+    return "triton" if triton_ok(pattern, q.dtype, q.shape[-1], q.device) else "flex"
+
+
+_CHECKED: dict[tuple, bool] = {}
+
+
+def triton_ok(pattern: Pattern, dtype, head_dim: int, device) -> bool:
+    """First use per (pattern kind, dtype, head dim): run `triton_selfcheck`; on a failure or a
+    compile/launch error warn once and remember to use flex for that configuration."""
+    key = (type(pattern), dtype, head_dim)
+    if key not in _CHECKED:
+        try:
+            triton_selfcheck(pattern, dtype, head_dim, device)
+            _CHECKED[key] = True
+        except Exception as e:  # noqa: BLE001 - any failure means: do not trust the kernel here
+            warnings.warn(f"imggen: the Triton kernels failed their self-check for {pattern.name} attention, "
+                          f"{str(dtype).replace('torch.', '')}, head dim {head_dim} ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); using FlexAttention for this "
+                          f"configuration (set IMGGEN_BACKEND to choose yourself)", RuntimeWarning, stacklevel=3)
+            _CHECKED[key] = False
+    return _CHECKED[key]
+
+
+# noise-floor tolerance of the kernel tests: error <= 2 x the reference's own error in `dtype` + eps
+SELFCHECK_EPS = {torch.float32: 1e-5, torch.float16: 5e-4, torch.bfloat16: 4e-3}
+
+
+def triton_selfcheck(pattern: Pattern, dtype, head_dim: int, device, n: int = 333) -> None:
+    """Outputs and q/k/v gradients of the Triton kernels vs the fp64 reference at an awkward N;
+    raises AssertionError naming what differs (or whatever the kernels raise)."""
+    from imggen import kernels
+
+    n = min(n, pattern.max_length() or n)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v, do = (torch.randn(1, 2, n, head_dim, generator=g).to(dtype).double() for _ in range(4))
+
+    def run(fn, dt, dev):
+        x = [t.to(dev, dt).clone().requires_grad_() for t in (q, k, v)]
+        o = fn(*x)
+        o.backward(do.to(dev, dt))
+        return [t.detach().double().cpu() for t in (o, *(y.grad for y in x))]
+
+    exact = run(lambda *a: reference_attention(*a, pattern), torch.float64, "cpu")
+    floor = run(lambda *a: reference_attention(*a, pattern), dtype, device)
+    got = run(lambda *a: kernels.sparse_attention(*a, pattern), dtype, device)
+    for name, e, f, x in zip(("output", "dq", "dk", "dv"), exact, floor, got):
+        err, noise = (x - e).abs().max().item(), (f - e).abs().max().item()
+        if not err <= 2 * noise + SELFCHECK_EPS.get(dtype, 1e-5):  # also catches NaN
+            raise AssertionError(f"{name} differs from the reference by {err:.3g} (noise floor {noise:.3g})")
+

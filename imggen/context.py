@@ -1,0 +1,146 @@
+"""Context for inpainting: what a context-trained model sees of the voided image, on every side.
+
+A context is the voided image (unknown pixels zeroed) plus a mask channel: float (B, C + 1, H, W).
+`ContextEncoder` turns it into one feature vector per pixel with a small non-causal U-Net (strided
+convolutions down to about 8 x 8, nearest upsampling back with skip connections), so a hole pixel
+sees known tissue below and to the right of it as well as above and to the left. The model adds
+the feature of the pixel a position predicts to that position's input (conditional PixelCNN
+style): patterns, kernels and decode caches stay as they are, and the target sequence stays
+causal because the context depends on the known pixels only.
+
+`random_masks` draws training masks: lesion-like blobs, rectangles and brush strokes of varying
+size (the data's own masks are used too where it has them, see imggen.training).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from imggen.errors import ShapeError
+
+CONTEXTS = ("none", "unet")
+
+
+def make_context(images, masks, shape: tuple[int, int, int]) -> torch.Tensor:
+    """uint8 images (B, C, H, W) and bool masks (B, H, W) (True = unknown) -> float (B, C+1, H, W)."""
+    c, h, w = shape
+    images, masks = torch.as_tensor(images), torch.as_tensor(masks)
+    if images.dim() == 3:
+        images = images[None]
+    if masks.dim() == 2:
+        masks = masks[None]
+    if masks.dim() == 4 and masks.shape[1] == 1:
+        masks = masks[:, 0]
+    if images.dtype != torch.uint8 or images.dim() != 4 or tuple(images.shape[1:]) != (c, h, w):
+        raise ShapeError(f"context images must be uint8 (B, {c}, {h}, {w}) for this model; got "
+                         f"{tuple(images.shape)} {images.dtype}")
+    if masks.dim() != 3 or tuple(masks.shape) != (images.shape[0], h, w):
+        raise ShapeError(f"context masks must be (B, {h}, {w}) with B = {images.shape[0]} (True = unknown); got "
+                         f"{tuple(masks.shape)}")
+    masks = masks.bool()
+    if not bool(masks.flatten(1).any(1).all()):
+        raise ShapeError("a context mask marks no pixel as unknown (True = unknown); nothing to inpaint")
+    known = (images.float() / 127.5 - 1.0).masked_fill(masks[:, None], 0.0)
+    return torch.cat([known, masks[:, None].float()], 1)
+
+
+class ContextEncoder(nn.Module):
+    def __init__(self, channels: int, height: int, width: int, width_features: int, dim: int):
+        super().__init__()
+        w = width_features
+        self.levels = max(0, min(3, int(math.log2(max(1, min(height, width) // 8)))))
+        self.inp = nn.Conv2d(channels + 1, w, 3, padding=1)
+        self.down = nn.ModuleList(nn.Conv2d(w, w, 3, stride=2, padding=1) for _ in range(self.levels))
+        self.mid = nn.Conv2d(w, w, 3, padding=1)
+        self.up = nn.ModuleList(nn.Conv2d(2 * w, w, 3, padding=1) for _ in range(self.levels))
+        self.out = nn.Conv2d(w, dim, 1)
+        nn.init.zeros_(self.out.weight)  # a fresh context model starts as the unconditional one
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, ctx: torch.Tensor) -> torch.Tensor:
+        """(B, C+1, H, W) -> (B, dim, H, W)."""
+        x = F.gelu(self.inp(ctx))
+        skips = []
+        for conv in self.down:
+            skips.append(x)
+            x = F.gelu(conv(x))
+        x = F.gelu(self.mid(x))
+        for conv, skip in zip(self.up, reversed(skips)):
+            x = F.interpolate(x, size=skip.shape[-2:], mode="nearest")
+            x = F.gelu(conv(torch.cat([x, skip], 1)))
+        return self.out(x)
+
+
+# ------------------------------------------------------------------------------------------ masks
+def _ellipse(h, w, rng, lo, hi):
+    yy, xx = np.mgrid[:h, :w]
+    cy, cx = rng.uniform(0, h), rng.uniform(0, w)
+    a, b = rng.uniform(lo, hi, 2)
+    th = rng.uniform(0, np.pi)
+    dy, dx = yy - cy, xx - cx
+    u, v = dx * np.cos(th) + dy * np.sin(th), -dx * np.sin(th) + dy * np.cos(th)
+    return (u / a) ** 2 + (v / b) ** 2 <= 1
+
+
+def _blob(h, w, rng):
+    """1-3 overlapping ellipses with a wobbly edge: lesion-like."""
+    s = min(h, w)
+    m = np.zeros((h, w), bool)
+    for _ in range(rng.integers(1, 4)):
+        m |= _ellipse(h, w, rng, s / 16, s / 4)
+    noise = rng.normal(size=(h // 4 + 1, w // 4 + 1))
+    wobble = np.kron(noise, np.ones((4, 4)))[:h, :w] > 1.2
+    return m ^ (wobble & _dilate(m, 2) & ~_erode(m, 2))
+
+
+def _rect(h, w, rng):
+    rh, rw = rng.integers(max(1, h // 8), max(2, h // 2) + 1), rng.integers(max(1, w // 8), max(2, w // 2) + 1)
+    y, x = rng.integers(0, h - rh + 1), rng.integers(0, w - rw + 1)
+    m = np.zeros((h, w), bool)
+    m[y:y + rh, x:x + rw] = True
+    return m
+
+
+def _stroke(h, w, rng):
+    m = np.zeros((h, w), bool)
+    y, x = rng.uniform(0, h), rng.uniform(0, w)
+    r = rng.uniform(0.5, max(1.0, min(h, w) / 16))
+    yy, xx = np.mgrid[:h, :w]
+    ang = rng.uniform(0, 2 * np.pi)
+    for _ in range(rng.integers(4, 12)):
+        ang += rng.normal(0, 0.8)
+        length = rng.uniform(min(h, w) / 16, min(h, w) / 4)
+        for t in np.linspace(0, 1, max(2, int(length))):
+            cy, cx = y + t * length * np.sin(ang), x + t * length * np.cos(ang)
+            m |= (yy - cy) ** 2 + (xx - cx) ** 2 <= r * r
+        y, x = np.clip(y + length * np.sin(ang), 0, h - 1), np.clip(x + length * np.cos(ang), 0, w - 1)
+    return m
+
+
+def _dilate(m, k):
+    t = torch.from_numpy(m.astype(np.float32))[None, None]
+    return F.max_pool2d(t, 2 * k + 1, 1, k)[0, 0].numpy() > 0
+
+
+def _erode(m, k):
+    return ~_dilate(~m, k)
+
+
+KINDS = {"blob": _blob, "rect": _rect, "stroke": _stroke}
+
+
+def random_masks(n: int, h: int, w: int, rng: np.random.Generator) -> np.ndarray:
+    """bool (n, h, w), True = unknown: lesion-like blobs, rectangles and strokes of varying size,
+    each with at least one unknown and one known pixel."""
+    out = np.zeros((n, h, w), bool)
+    kinds = list(KINDS.values())
+    for i in range(n):
+        m = np.zeros((h, w), bool)
+        while not m.any() or m.all():
+            m = kinds[rng.integers(len(kinds))](h, w, rng)
+        out[i] = m
+    return out

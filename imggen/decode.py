@@ -1,0 +1,351 @@
+"""Decode caches: one per layer, holding what the layer's future queries may still read.
+
+A cache keeps keys, values (and, for diffuser layers, the diffusion states Z1..Z(K-1)) in
+preallocated slots updated in place; `positions[slot]` records which token position a slot holds
+(-1 = empty). Everything pattern-specific comes from the pattern object:
+* which slot position t takes (`pattern.slot_policy`, from `pattern.last_reads`):
+  - "ring": slot t % L with L = max_j (last_read[j] - j) + 1 (band: the window; local2d: r rows
+    and r + 1 pixels), so reusing a slot only evicts a position whose last reader has passed;
+  - "interval": interval allocation over last_read, planned once per (pattern, n) (bigbird,
+    diffuser: sinks and random keys stay until their last reader);
+  - "all": one slot per position (full, column heads); `keep_all=True` gives any pattern this
+    full-cache baseline with the same code;
+* what query t reads: every held slot when all are readable (a band ring); else a `ReadPlan`
+  precomputed from `pattern.allowed` for every step: the exact readable slots, gathered (local2d
+  reads ~(r+1)(2r+1) of its r*W+r+1 slots; column heads their column), or all slots under a
+  precomputed mask; `pattern.read_mask` per step only for the keep-all baseline;
+* head groups (strided): one cache per group of heads.
+Debug mode (`IMGGEN_CACHE_DEBUG=1` or `imggen.decode.DEBUG = True`) checks `last_reads` against
+`pattern.mask`, every slot reuse, and that no query reads an evicted position.
+"""
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+import os
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from imggen.attention import forced_backend
+from imggen.errors import ShapeError
+from imggen.patterns import Pattern
+
+DEBUG = os.environ.get("IMGGEN_CACHE_DEBUG", "") not in ("", "0")
+
+
+# --------------------------------------------------------------------------------- attention
+def decode_probs(q, k, key_bias=None) -> torch.Tensor:
+    """Softmax row of one query per (batch, head): q (B, H, D), k (B, H, L, D) -> (B, H, 1, L);
+    key_bias additive (0 or -inf), broadcastable to (B, H, L). Rows with nothing to read -> 0."""
+    s = torch.matmul(q.unsqueeze(2), k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))
+    if key_bias is not None:
+        s = s + key_bias.unsqueeze(-2).to(s.dtype)
+    return torch.softmax(s, dim=-1).nan_to_num_(0.0)
+
+
+def decode_attention_reference(q, k_cache, v_cache, key_bias=None) -> torch.Tensor:
+    """One query per (batch, head) against cache slots in any order: q (B, H, D), k_cache, v_cache
+    (B, H, L, D), key_bias None or additive float (B or 1, H or 1, L) -> (B, H, D). The reference
+    of imggen.kernels.decode_attention and the PyTorch decode path."""
+    return torch.matmul(decode_probs(q, k_cache, key_bias), v_cache)[:, :, 0]
+
+
+_KERNEL = None
+
+
+def decode_attention(q, k, v, key_bias=None) -> torch.Tensor:
+    """The Triton decode kernel on CUDA (when it imports and covers the dtype / head dim, and
+    IMGGEN_BACKEND does not name another backend), else the PyTorch reference."""
+    global _KERNEL
+    if q.is_cuda and forced_backend() in (None, "triton"):
+        if _KERNEL is None:
+            try:
+                from imggen.kernels import decode_attention as kernel
+                _KERNEL = kernel
+            except (ImportError, AttributeError):
+                _KERNEL = False
+        if _KERNEL:
+            bias = torch.zeros((1, 1, k.shape[2]), device=q.device, dtype=q.dtype) if key_bias is None \
+                else key_bias.reshape(1, -1, k.shape[2]).to(q.dtype)
+            try:
+                return _KERNEL(q, k, v, bias)
+            except ShapeError:  # a dtype / head dim the kernel does not cover
+                pass
+    return decode_attention_reference(q, k, v, key_bias)
+
+
+# ------------------------------------------------------------------------------- slot plans
+@dataclass(frozen=True)
+class SlotPlan:
+    capacity: int
+    slots: np.ndarray  # (n,) slot of each position
+    hi: np.ndarray     # (n,) slots [0, hi[t]) may hold something at step t
+    last: np.ndarray   # (n,) last_reads of the pattern
+
+
+@functools.lru_cache(maxsize=64)
+def slot_plan(pattern: Pattern, n: int, heads: int, policy: str) -> SlotPlan:
+    last = pattern.last_reads(n, heads)
+    t = np.arange(n, dtype=np.int64)
+    if policy == "all":
+        return SlotPlan(n, t, t + 1, last)
+    if policy == "ring":
+        cap = int((last - t).max()) + 1
+        return SlotPlan(cap, t % cap, np.minimum(t + 1, cap), last)
+    if policy != "interval":
+        raise ValueError(f"unknown slot policy {policy!r}")
+    # position t takes a slot freed by some j with last[j] < t (FIFO: a pure window becomes a ring)
+    slots, hi = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    live: list[tuple[int, int]] = []
+    free: deque[int] = deque()
+    used = 0
+    for i in range(n):
+        while live and live[0][0] < i:
+            free.append(heapq.heappop(live)[1])
+        if free:
+            s = free.popleft()
+        else:
+            s, used = used, used + 1
+        slots[i], hi[i] = s, used
+        heapq.heappush(live, (int(last[i]), s))
+    return SlotPlan(used, slots, hi, last)
+
+
+def true_last_reads(pattern: Pattern, n: int, heads: int) -> np.ndarray:
+    """`last_reads` from the definition (`pattern.mask`); O(n^2), for tests and debug mode."""
+    m = pattern.masks(n, heads).any(0)
+    rows = torch.arange(n)[:, None].expand(n, n)
+    return rows.masked_fill(~m, -1).max(0).values.numpy().astype(np.int64)
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What query t reads, precomputed for every t: `index` (n, HL, K) slots (its readable held
+    positions, padded with slot 0 under a -inf bias) or None = every slot [0, capacity); `bias`
+    (n, HL, K or capacity) additive 0 / -inf."""
+    index: torch.Tensor | None
+    bias: torch.Tensor
+
+
+GATHER_FRACTION = 0.5   # gather the readable slots when they are at most this part of the cache
+TABLE_LIMIT = 1 << 24   # entries of a precomputed read plan (else masks are computed per step)
+
+
+@functools.lru_cache(maxsize=64)
+def read_plan(pattern: Pattern, n: int, heads: int, policy: str) -> ReadPlan | None:
+    """The exact read set of every step, from the positions each slot holds (None: too large)."""
+    plan = slot_plan(pattern, n, heads, policy)
+    cap, hl = plan.capacity, pattern.head_count(heads)
+    if n * hl * cap > 4 * TABLE_LIMIT:
+        return None
+    tables = pattern.lookup_tables(n, heads)
+    h = torch.arange(hl)[None, :, None]
+    chunk = max(1, TABLE_LIMIT // (4 * hl * cap))
+    carry = torch.full((cap,), -1, dtype=torch.long)
+    oks = []
+    for t0 in range(0, n, chunk):  # positions held after writing t (rows), per slot (columns)
+        t = torch.arange(t0, min(n, t0 + chunk))
+        pos = torch.full((len(t), cap), -1, dtype=torch.long)
+        pos[t - t0, torch.from_numpy(plan.slots[t0:t0 + len(t)])] = t
+        pos = torch.cummax(torch.cat([carry[None], pos]), 0).values[1:]
+        carry = pos[-1]
+        oks.append(pattern.allowed(t[:, None, None], pos[:, None, :], h, tables) & (pos >= 0)[:, None, :])
+    ok = torch.cat(oks)  # (n, HL, cap)
+    k = int(ok.sum(-1).max())
+    if k > GATHER_FRACTION * cap:
+        if ok.numel() > TABLE_LIMIT:
+            return None
+        return ReadPlan(None, torch.zeros(ok.shape).masked_fill_(~ok, float("-inf")))
+    order = torch.sort((~ok).to(torch.int8), dim=-1, stable=True).indices[..., :k]  # readable slots first
+    sel = torch.gather(ok, -1, order)
+    return ReadPlan(order.masked_fill(~sel, 0), torch.zeros(sel.shape).masked_fill_(~sel, float("-inf")))
+
+
+# ------------------------------------------------------------------------------------ caches
+class Cache:
+    def __init__(self, pattern: Pattern, batch: int, heads: int, head_dim: int, n: int, device=None,
+                 dtype=torch.float32, keep_all: bool = False):
+        self.pattern, self.batch, self.heads, self.n, self.keep_all = pattern, batch, heads, n, keep_all
+        self.policy = "all" if keep_all else pattern.slot_policy
+        self.plan = slot_plan(pattern, n, heads, self.policy)
+        self.capacity = cap = self.plan.capacity
+        self._slots, self._hi = self.plan.slots.tolist(), self.plan.hi.tolist()
+        shape = (batch, heads, cap, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.z = torch.zeros((pattern.steps - 1, *shape), device=device, dtype=dtype) if pattern.is_diffusion else None
+        self.positions = torch.full((cap,), -1, dtype=torch.long, device=device)
+        self.tables = {k: t.to(self.positions.device) for k, t in pattern.lookup_tables(n, heads).items()}
+        band = pattern.band()
+        # a ring no longer than a band of period 1 holds only positions its query may read
+        self.unmasked = self.policy == "ring" and band is not None and band.period == 1 and cap <= band.width
+        self.reads = None if self.unmasked or keep_all else read_plan(pattern, n, heads, self.policy)
+        if self.reads is not None:
+            self.reads = ReadPlan(None if self.reads.index is None else self.reads.index.to(device),
+                                  self.reads.bias.to(device, dtype))
+        self.debug = DEBUG
+        if self.debug:
+            self._true_last = true_last_reads(pattern, n, heads)
+            bad = np.nonzero(self.plan.last < self._true_last)[0]
+            assert len(bad) == 0, f"{pattern.name}: last_reads underestimates keys {bad[:10].tolist()}"
+            self._must_hold = pattern.masks(n, heads).any(0)
+
+    def nbytes(self) -> int:
+        """k, v (+ z) and positions buffers, plus the slot plan (8 bytes per position and table)."""
+        bufs = [self.k, self.v, self.positions] + ([self.z] if self.z is not None else [])
+        plan = 0 if self.policy != "interval" else 3 * self.n * 8
+        return sum(b.numel() * b.element_size() for b in bufs) + plan
+
+    def key_bias(self, t: int, hi: int):
+        """Additive (HL, hi) bias of query t over slots [0, hi), or None when all are readable."""
+        if self.unmasked and not self.debug:
+            return None
+        ok = self.pattern.read_mask(t, self.positions[:hi], self.heads, self.tables) & (self.positions[:hi] <= t)
+        if self.unmasked:
+            assert bool(ok.all()), f"{self.pattern.name}: ring holds a position query {t} may not read"
+            return None
+        return torch.zeros(ok.shape, dtype=self.k.dtype, device=ok.device).masked_fill_(~ok, float("-inf"))
+
+    def attend(self, q, k, v, t: int) -> torch.Tensor:
+        """Store position t's k, v (B, H, D) and return its attention output (B, H, D)."""
+        slot = self._slots[t]
+        if self.debug:
+            self._check_step(slot, t)
+        self.k[:, :, slot] = k
+        self.v[:, :, slot] = v
+        self.positions[slot] = t
+        read, bias = self._read(t)
+        if self.debug:
+            self._check_read(t, read, bias)
+        if self.z is None:
+            return decode_attention(q, read(self.k), read(self.v), bias)
+        return self._diffuse(q, v, slot, read, bias)
+
+    def _read(self, t: int):
+        """(read, bias): read(buffer) -> the (B, H, L, D) slots query t reads; additive bias over them."""
+        if self.unmasked:
+            hi = self._hi[t]
+            return (lambda x: x[:, :, :hi]), None
+        if self.reads is None:  # masks computed now (the keep-all baseline, or tables too large)
+            hi = self._hi[t]
+            return (lambda x: x[:, :, :hi]), self._per_head(self.key_bias(t, hi))
+        bias = self._per_head(self.reads.bias[t])
+        if self.reads.index is None:
+            return (lambda x: x), bias
+        idx = self.reads.index[t]
+        if idx.shape[0] == 1:
+            return (lambda x: x.index_select(-2, idx[0])), bias
+        idx = self._per_head(idx)
+        return (lambda x: torch.gather(x, -2, idx[:, :, None].expand(x.shape[0], -1, -1, x.shape[-1]))), bias
+
+    def _per_head(self, per_table):
+        """(HL, ...) -> broadcastable to (H, ...) (HL is 1 or H; otherwise tables repeat over heads)."""
+        hl = None if per_table is None else per_table.shape[0]
+        if hl is None or hl in (1, self.heads):
+            return per_table
+        return per_table[torch.arange(self.heads, device=per_table.device) % hl]
+
+    def _diffuse(self, q, v, slot: int, read, bias) -> torch.Tensor:
+        """Diffuser decode: A = softmax row of query t over the slots it reads; Z0 = V; K steps.
+        Stores Z1..Z(K-1) of position t in `slot` so that later queries can read them."""
+        p = self.pattern
+        a = decode_probs(q, read(self.k), bias)  # (B, H, 1, L)
+        z_prev = read(self.v)  # Z0 = V over the read slots, slot t included
+        for step in range(1, p.steps + 1):
+            z = (1 - p.alpha) * torch.matmul(a, z_prev)[:, :, 0] + p.alpha * v
+            if step < p.steps:
+                self.z[step - 1][:, :, slot] = z
+                z_prev = read(self.z[step - 1])
+        return z
+
+    def prefill(self, q, k, v) -> None:
+        """Fill from a parallel forward over positions 0..n0-1 (q, k, v: (B, H, n0, D)): only the
+        positions some query >= n0 may still read, each to the slot decode would have given it."""
+        n0 = k.shape[2]
+        pos = torch.arange(n0) if self.keep_all else torch.from_numpy(np.flatnonzero(self.plan.last[:n0] >= n0))
+        slots = torch.from_numpy(self.plan.slots[pos.numpy()]).to(self.positions.device)
+        pos = pos.to(self.positions.device)
+        if self.debug:
+            self._check_prefill(n0, pos, slots)
+        self.k[:, :, slots] = k[:, :, pos].to(self.k.dtype)
+        self.v[:, :, slots] = v[:, :, pos].to(self.v.dtype)
+        self.positions[slots] = pos
+        if self.z is not None:
+            from imggen.blocked import diffusion_states
+            for s, z in enumerate(diffusion_states(q, k, v, self.pattern)):
+                self.z[s][:, :, slots] = z[:, :, pos].to(self.z.dtype)
+
+    # -- debug ----------------------------------------------------------------------------------
+    def _check_step(self, slot: int, t: int) -> None:
+        old = int(self.positions[slot])
+        assert old < 0 or self._true_last[old] < t, (
+            f"{self.pattern.name}: slot {slot} reused at t={t} evicts position {old}, "
+            f"still read by query {self._true_last[old]}")
+        assert int(self.positions.max()) < t, "cache holds a future position"
+        held = set(self.positions.tolist()) | {t}
+        need = set(torch.nonzero(self._must_hold[t, : t + 1]).view(-1).tolist())
+        assert need <= held, f"{self.pattern.name}: query {t} reads evicted {sorted(need - held)[:10]}"
+
+    def _check_read(self, t: int, read, bias) -> None:
+        """The read set equals every held position query t may read (per head)."""
+        pos = read(self.positions.view(1, 1, -1, 1).expand(1, self.heads, -1, 1))[0, :, :, 0]  # (H, L)
+        ok = torch.ones_like(pos, dtype=torch.bool) if bias is None else (bias.expand(pos.shape) == 0)
+        held = self.positions[self.positions >= 0]
+        for h in range(self.heads):
+            want = held[self.pattern.allowed(torch.tensor(t), held, h)].sort().values
+            got = pos[h][ok[h]].sort().values
+            assert torch.equal(got, want), f"{self.pattern.name}: query {t} head {h} reads {got.tolist()}, " \
+                                           f"should read {want.tolist()}"
+
+    def _check_prefill(self, n0, pos, slots) -> None:
+        assert bool((self.positions < 0).all()), "prefill into a used cache"
+        assert len(set(slots.tolist())) == len(slots), "prefill maps two positions to one slot"
+        live = set(np.nonzero(self._true_last[:n0] >= n0)[0].tolist())
+        assert live <= set(pos.tolist()), f"prefill drops live positions {sorted(live - set(pos.tolist()))[:10]}"
+
+
+class GroupCache:
+    """Head groups (`pattern.head_groups`): one cache per group, each with its group's pattern."""
+
+    def __init__(self, groups, caches):
+        self.groups, self.caches = groups, caches
+        self.capacity, self.batch = max(c.capacity for c in caches), caches[0].batch
+
+    def nbytes(self) -> int:
+        return sum(c.nbytes() for c in self.caches)
+
+    def attend(self, q, k, v, t):
+        out = torch.empty_like(q)
+        for idx, c in zip(self.groups, self.caches):
+            out[:, idx] = c.attend(q[:, idx], k[:, idx], v[:, idx], t)
+        return out
+
+    def prefill(self, q, k, v):
+        for idx, c in zip(self.groups, self.caches):
+            c.prefill(q[:, idx], k[:, idx], v[:, idx])
+
+
+def make_cache(pattern: Pattern, batch: int, heads: int, head_dim: int, n: int, device=None,
+               dtype=torch.float32, keep_all: bool = False):
+    """The memory-bounded decode cache of `pattern` (keep_all=True: same code, nothing evicted)."""
+    groups = pattern.head_groups(heads)
+    if groups:
+        return GroupCache([idx for idx, _ in groups],
+                          [make_cache(sub.for_layer(pattern.layer), batch, len(idx), head_dim, n, device, dtype, keep_all)
+                           for idx, sub in groups])
+    return Cache(pattern, batch, heads, head_dim, n, device, dtype, keep_all)
+
+
+def make_caches(model, batch: int, cache: str = "evict", device=None, dtype=None) -> list:
+    """One cache per layer: 'evict' (memory-bounded, the default) or 'full' (keep everything)."""
+    if cache not in ("evict", "full", "auto"):
+        raise ValueError(f"cache must be 'evict' or 'full', got {cache!r}")
+    cfg = model.config
+    device = device or next(model.parameters()).device
+    dtype = dtype or next(model.parameters()).dtype
+    return [make_cache(p, batch, cfg.heads, cfg.dim // cfg.heads, cfg.seq_len, device, dtype, keep_all=cache == "full")
+            for p in model.patterns]

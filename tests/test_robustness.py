@@ -1,0 +1,132 @@
+"""What a new user hits: Ctrl-C during training, --resume without a checkpoint, bad numbers on the
+command line, sequences longer than a pattern's image, and activation checkpointing."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import imggen
+from imggen.config import Config, DataConfig, ModelConfig, TrainConfig
+from imggen.errors import ShapeError
+from imggen.training import build_model_and_optimizer, train_step
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--preset", "brats", "--data", "brats-demo", "--model.height", "8", "--model.width", "8",
+         "--model.dim", "16", "--model.layers", "1", "--model.heads", "2", "--attention", "band",
+         "--batch-size", "2", "--limit", "8", "--train.eval_images", "2", "--train.sample_num", "1",
+         "--train.log_every", "1", "--train.eval_every", "1000", "--train.ckpt_every", "1000", "--no-progress"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _train(args, **kw):
+    return subprocess.run([sys.executable, "train.py", *SMALL, *args], cwd=REPO, capture_output=True, text=True,
+                          env=ENV, **kw)
+
+
+def _steps(run):
+    return [json.loads(line)["step"] for line in open(os.path.join(run, "log.jsonl")) if "train_bpd" in line]
+
+
+def test_sigint_saves_and_resume_continues(tmp_path):
+    run = str(tmp_path / "run")
+    proc = subprocess.Popen([sys.executable, "train.py", *SMALL, "--steps", "100000", "--out", run], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    log = os.path.join(run, "log.jsonl")
+    deadline = time.time() + 120
+    while time.time() < deadline and not (os.path.exists(log) and len(open(log).readlines()) >= 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("interrupted at step ") and last.endswith("saved; continue with --resume"), err[-2000:]
+    assert "Traceback" not in err
+    stopped = int(last.split()[3].rstrip(","))
+    assert imggen.load_model(run) is not None
+    assert _steps(run)[-1] == stopped
+    r = _train(["--steps", str(stopped + 3), "--out", run, "--resume"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"resumed {run} at step {stopped}" in r.stdout
+    steps = _steps(run)
+    assert steps == sorted(set(steps)) and steps[-1] == stopped + 3  # no duplicate rows
+
+
+def test_resume_without_checkpoint_is_one_line(tmp_path):
+    r = _train(["--steps", "2", "--out", str(tmp_path / "empty"), "--resume"])
+    assert r.returncode == 2 and "holds no checkpoint" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_resume_drops_log_rows_after_the_checkpoint(tmp_path):
+    run = str(tmp_path / "run")
+    assert _train(["--steps", "4", "--out", run, "--train.ckpt_every", "2"]).returncode == 0
+    with open(os.path.join(run, "log.jsonl"), "a") as f:  # as if killed after step 4, past its checkpoint
+        f.write(json.dumps({"step": 5, "train_bpd": 1.0}) + "\n")
+    assert _train(["--steps", "6", "--out", run, "--train.ckpt_every", "2", "--resume"]).returncode == 0
+    assert _steps(run) == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("flag,value", [("--steps", "-5"), ("--steps", "0"), ("--batch-size", "0"),
+                                        ("--lr", "0"), ("--lr", "-1e-3"), ("--limit", "0"), ("--threads", "0"),
+                                        ("--train.eval_every", "0"), ("--train.sample_num", "-1"),
+                                        ("--train.grad_clip", "0"), ("--window", "0"), ("--radius", "-1"),
+                                        ("--model.dim", "0"), ("--model.dropout", "1.5")])
+def test_bad_numbers_are_one_line_exit_2(flag, value, capsys):
+    from imggen.cli import config_from_args
+    with pytest.raises(SystemExit) as e:
+        config_from_args([flag, value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "error" in err, err
+
+
+def test_bad_number_from_the_shell():
+    r = subprocess.run([sys.executable, "train.py", "--steps", "-5"], cwd=REPO, capture_output=True, text=True, env=ENV)
+    assert r.returncode == 2 and r.stderr.strip() == "train.py: error: train.steps must be >= 1, got -5"
+
+
+@pytest.mark.parametrize("n", [0, 65, 4096])
+def test_patterns_with_geometry_reject_other_lengths(n):
+    p = imggen.make_pattern("local2d", height=8, width=8, channels=1, radius=1)
+    with pytest.raises(ShapeError, match="8x8x1"):
+        p.mask(n)
+    with pytest.raises(ShapeError, match="8x8x1"):
+        imggen.sparse_attention(*(torch.randn(1, 1, max(n, 1), 8) for _ in range(3)), p, backend="cpu") if n \
+            else p.check_length(n)
+
+
+def test_band_rejects_empty_sequences():
+    with pytest.raises(ShapeError, match="1.."):
+        imggen.make_pattern("band", window=4).mask(0)
+
+
+def test_activation_checkpointing_gives_the_same_step():
+    cfg = Config(model=ModelConfig(height=6, width=6, channels=1, bits=4, dim=32, layers=3, heads=2,
+                                   attention="local2d,band", backend="cpu"),
+                 train=TrainConfig(steps=2, batch_size=2, warmup=1), data=DataConfig(spec="synthetic"))
+    x = torch.randint(0, 16, (2, 36))
+    states = []
+    for ckpt in (False, True):
+        cfg.train.activation_checkpointing = ckpt
+        model, opt = build_model_and_optimizer(cfg, "cpu")
+        assert model.checkpointing == ckpt
+        losses = [train_step(model, opt, x, s, cfg, "cpu") for s in range(2)]
+        states.append((losses, [p.detach().clone() for p in model.parameters()]))
+    assert states[0][0] == pytest.approx(states[1][0], abs=1e-6)
+    for a, b in zip(states[0][1], states[1][1]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_activation_checkpointing_is_in_the_config(tmp_path):
+    run = str(tmp_path / "ac")
+    assert _train(["--steps", "2", "--out", run, "--train.activation_checkpointing", "true"]).returncode == 0
+    from imggen.checkpoint import read_config, resolve
+    assert read_config(resolve(run)).train.activation_checkpointing is True
+    r = _train(["--steps", "3", "--out", run, "--resume"])  # --resume continues from the run's own config
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert read_config(resolve(run)).train.activation_checkpointing is True
+    r = _train(["--steps", "4", "--out", run, "--resume", "--model.dim", "32"])
+    assert r.returncode == 2 and "model.dim" in r.stderr
