@@ -101,7 +101,7 @@ def recompute_plan_bytes(model, n: int) -> int:
             if sub.columns() is not None or (sub.band() and sub.band().width >= n):
                 continue  # column attention / SDPA: no masks
             w = make_windows(sub, n, len(heads))
-            masks = [w.first, w.steady] if hasattr(w, "steady") else [w.allowed]
+            masks = [w.first, w.steady] if hasattr(w, "steady") else [w.blocked]
             worst = max(worst, sum(m.numel() for m in masks))
     return worst
 

@@ -54,9 +54,13 @@ def per_image_bits_per_dim(model, images, batch_size: int = 16) -> np.ndarray:
 
 
 @torch.no_grad()
-def token_bits_per_dim(model, tokens: torch.Tensor, batch_size: int = 16) -> np.ndarray:
+def token_bits_per_dim(model, tokens: torch.Tensor, batch_size: int = 16, masks=None) -> np.ndarray:
     """float64 (B,) bits/dim of each token sequence (B, N) (uint8 or long) under `model`; the one
-    place bits/dim is computed (training's validation and test figures call it too)."""
+    place bits/dim is computed (training's validation and test figures call it too). With pixel
+    masks (B, H, W) (True = unknown), an inpainting model's bits/dim of the unknown subpixels given
+    the known ones (its context)."""
+    from imggen.tasks import inpaint_inputs
+
     cfg = model.config
     if batch_size < 1:
         raise ShapeError(f"batch_size must be >= 1, got {batch_size}")
@@ -67,15 +71,19 @@ def token_bits_per_dim(model, tokens: torch.Tensor, batch_size: int = 16) -> np.
     try:
         for i in range(0, len(tokens), batch_size):
             x = tokens[i: i + batch_size].long().to(device)
-            logits = model(x).float()
+            context, weight = (None, None) if masks is None else inpaint_inputs(model, x, masks[i: i + batch_size])
+            logits = model(x, context=context).float()
             if logits.shape != (*x.shape, cfg.vocab):
                 raise ShapeError(f"model returned logits of shape {tuple(logits.shape)}, expected "
                                  f"{(*x.shape, cfg.vocab)}")
-            nll = F.cross_entropy(logits.reshape(-1, cfg.vocab), x.reshape(-1), reduction="none")
-            out.append(nll.view(x.shape).double().sum(1).cpu())  # nats per image, summed in float64
+            nll = F.cross_entropy(logits.reshape(-1, cfg.vocab), x.reshape(-1), reduction="none").view(x.shape)
+            count = torch.full((len(x),), x.shape[1], dtype=torch.float64) if weight is None else weight.sum(1).double()
+            if weight is not None:
+                nll = nll * weight
+            out.append(nll.double().sum(1).cpu() / count.cpu())  # nats per subpixel, summed in float64
     finally:
         model.train(was_training)
-    return (torch.cat(out) / (tokens.shape[1] * LN2)).numpy()
+    return (torch.cat(out) / LN2).numpy()
 
 
 def bootstrap_ci(values, resamples: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:

@@ -13,6 +13,7 @@ import torch
 
 from imggen.config import BACKENDS, PATTERN_PARAMS, PRESETS, Config, apply_override, preset
 from imggen.errors import ConfigError, ImggenError, Interrupted, ShapeError
+from imggen.tasks import TASKS
 from imggen.threads import set_threads
 
 
@@ -73,6 +74,8 @@ def train_parser() -> argparse.ArgumentParser:
     for name, entry in PATTERN_PARAMS.items():  # declared once, in the pattern classes
         ap.add_argument("--" + name.replace("_", "-"), type=entry["type"], help=entry["help"])
     ap.add_argument("--backend", choices=BACKENDS, help="attention backend (default auto)")
+    ap.add_argument("--task", choices=TASKS, help="generate (default), or inpaint: a model with a context of the "
+                                                "voided image learns to fill masked pixels (sets --model.context unet)")
     ap.add_argument("--skip-bad", action="store_true", help="skip and count unreadable data items")
     ap.add_argument("--limit", type=int, help="use at most this many images per split")
     ap.add_argument("--resume", action="store_true",
@@ -105,6 +108,12 @@ def config_from_args(argv=None) -> tuple[Config, argparse.Namespace]:
         if getattr(args, arg) is not None:
             setattr(getattr(cfg, section), name, getattr(args, arg))
     cfg.data.skip_bad = cfg.data.skip_bad or args.skip_bad
+    if args.task:
+        cfg.train.task = args.task
+        if args.task == "inpaint" and cfg.model.context == "none":
+            cfg.model.context = "unet"
+        if args.task == "generate":
+            cfg.model.context = "none"
     if len(rest) % 2:
         ap.error(f"unrecognized or incomplete arguments: {' '.join(rest)}")
     for flag, value in zip(rest[::2], rest[1::2]):
@@ -133,11 +142,11 @@ def train_main(argv=None) -> int:
     from imggen.training import train
 
     cfg, args = config_from_args(argv)
-    set_threads(args.threads, "train")
+    governor = set_threads(args.threads, "train")
     out = args.out
     try:
         train(cfg, out, resume=args.resume, overwrite=args.overwrite, device=args.device,
-              progress=not args.no_progress)
+              progress=not args.no_progress, governor=governor)
     except Interrupted as e:
         print(str(e), file=sys.stderr)
         return 130

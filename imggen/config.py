@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 
 from imggen.context import CONTEXTS
+from imggen.tasks import TASKS
 from imggen.errors import ConfigError
 from imggen.patterns import Pattern, config_params, pattern_for_image
 
@@ -112,12 +113,15 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 0
     activation_checkpointing: bool = False  # recompute each block's activations in the backward
+    task: str = "generate"          # generate | inpaint (a context model learns to fill masked pixels)
 
     def validate(self) -> "TrainConfig":
         _at_least("train", self, 1, steps=1, batch_size=1, eval_every=1, eval_images=1, sample_num=1,
                   ckpt_every=1, log_every=1)
         _at_least("train", self, 0, warmup=0, sample_every=0, weight_decay=0, seed=0, grid_time_frac=0)
         _at_least("train", self, 0, open_=True, lr=0, grad_clip=0)
+        if self.task not in TASKS:
+            raise ConfigError(f"train.task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         return self
@@ -145,6 +149,10 @@ class Config:
         self.model.validate()
         self.train.validate()
         self.data.validate()
+        if (self.train.task == "inpaint") != (self.model.context != "none"):
+            raise ConfigError(f"train.task {self.train.task!r} with model.context {self.model.context!r}: inpainting "
+                              f"trains a context model (--task inpaint sets model.context unet), generation a "
+                              f"model without one")
         return self
 
     def to_dict(self) -> dict:
@@ -183,6 +191,12 @@ PRESETS: dict[str, dict] = {
                   train=dict(steps=20000, batch_size=16, lr=1e-3, warmup=500, eval_every=1000,
                              ckpt_every=1000, sample_every=5000),
                   data=dict(spec="brats-demo")),
+    # inpainting on the shipped brain slices: a context model small enough to train on a CPU
+    "brats-inpaint": dict(model=dict(height=32, width=32, channels=1, bits=8, dim=128, layers=4, heads=4,
+                                     attention="local2d,band", radius=3, context="unet", context_width=64),
+                          train=dict(steps=2000, batch_size=16, lr=2e-3, warmup=100, eval_every=250, eval_images=64,
+                                     ckpt_every=250, sample_num=8, task="inpaint"),
+                          data=dict(spec="brats-demo")),
     "cifar": dict(model=dict(height=32, width=32, channels=3, bits=8, dim=256, layers=8, heads=8,
                              attention="local2d,band", radius=3),
                   train=dict(steps=100000, batch_size=32, lr=1e-3, warmup=1000, eval_every=2000,

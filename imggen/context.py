@@ -2,8 +2,9 @@
 
 A context is the voided image (unknown pixels zeroed) plus a mask channel: float (B, C + 1, H, W).
 `ContextEncoder` turns it into one feature vector per pixel with a small non-causal U-Net (strided
-convolutions down to about 8 x 8, nearest upsampling back with skip connections), so a hole pixel
-sees known tissue below and to the right of it as well as above and to the left. The model adds
+convolutions down to about 4 x 4, nearest upsampling back with skip connections), so a hole pixel
+sees known tissue below and to the right of it as well as above and to the left (the receptive field
+covers the image). The model adds
 the feature of the pixel a position predicts to that position's input (conditional PixelCNN
 style): patterns, kernels and decode caches stay as they are, and the target sequence stays
 causal because the context depends on the known pixels only.
@@ -52,7 +53,8 @@ class ContextEncoder(nn.Module):
     def __init__(self, channels: int, height: int, width: int, width_features: int, dim: int):
         super().__init__()
         w = width_features
-        self.levels = max(0, min(3, int(math.log2(max(1, min(height, width) // 8)))))
+        # halve until the coarsest grid is about 4 x 4: its 3 x 3 convolutions then see the whole image
+        self.levels = max(1, min(4, math.ceil(math.log2(max(height, width) / 4))))
         self.inp = nn.Conv2d(channels + 1, w, 3, padding=1)
         self.down = nn.ModuleList(nn.Conv2d(w, w, 3, stride=2, padding=1) for _ in range(self.levels))
         self.mid = nn.Conv2d(w, w, 3, padding=1)

@@ -17,6 +17,7 @@ import torch.utils.checkpoint
 from imggen.config import ModelConfig
 from imggen.context import ContextEncoder, make_context
 from imggen.errors import ShapeError
+from imggen.fused import ln_linear, ln_mlp
 from imggen.patterns import Pattern
 from imggen.attention import forced_backend, sparse_attention
 from imggen.tokens import position_coords
@@ -30,13 +31,14 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
         self.proj = nn.Linear(cfg.dim, cfg.dim)
 
-    def _qkv(self, x):
-        b, n, _ = x.shape
-        return self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    def _qkv(self, qkv):
+        b, n, _ = qkv.shape
+        return qkv.view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
-    def forward(self, x, cache=None):
-        b, n, c = x.shape
-        q, k, v = self._qkv(x)
+    def forward(self, qkv, cache=None):
+        """qkv = self.qkv(normalised x), (B, N, 3*dim) -> (B, N, dim)."""
+        b, n, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        q, k, v = self._qkv(qkv)
         o = sparse_attention(q, k, v, self.pattern, self.backend)
         if cache is not None:  # prefill: hand the cache every position's k, v (and diffusion states)
             cache.prefill(q, k, v)
@@ -44,7 +46,7 @@ class Attention(nn.Module):
 
     def step(self, x, t: int, cache):
         """x (B, 1, dim) at position t -> (B, 1, dim), reading and updating `cache`."""
-        q, k, v = (a[:, :, 0] for a in self._qkv(x))  # (B, H, D)
+        q, k, v = (a[:, :, 0] for a in self._qkv(self.qkv(x)))  # (B, H, D)
         o = cache.attend(q, k, v, t)
         return self.proj(o.reshape(x.shape[0], 1, -1))
 
@@ -60,8 +62,9 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()  # p=0 saves no mask
 
     def forward(self, x, cache=None):
-        x = x + self.drop(self.attn(self.ln1(x), cache))
-        return x + self.drop(self.mlp(self.ln2(x)))
+        # LayerNorms fused into the layers that read them (imggen.fused): the backward recomputes them
+        x = x + self.drop(self.attn(ln_linear(x, self.ln1, self.attn.qkv), cache))
+        return x + self.drop(ln_mlp(x, self.ln2, self.mlp[0], self.mlp[2]))
 
     def step(self, x, t, cache):
         x = x + self.attn.step(self.ln1(x), t, cache)

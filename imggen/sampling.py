@@ -183,18 +183,17 @@ def inpaint_images(model, images, masks, num: int = 1, samples: int = 1, reduce:
     known = tokenize(images, cfg.bits, shape=cfg.shape)
     known_mask = (~masks)[..., None].expand(-1, -1, -1, cfg.channels).reshape(len(images), -1)
     context = model.make_context(images, masks) if model.context is not None else None
-    fills, logps = [], []
-    for i in range(len(images)):
-        tokens, logp = generate(model, num * samples, known[i], known_mask[i], rank=rank,
-                                seed=None if seed is None else seed + 7919 * i,
-                                context=None if context is None else context[i:i + 1], **kw)
-        x = detokenize(model, tokens).float().view(num, samples, *cfg.shape)
-        fills.append(x[:, 0] if samples == 1 else (x.mean(1) if reduce == "mean" else x.median(1).values))
-        logps.append(logp.view(num, samples).mean(1))
-    filled = torch.stack(fills).round_().clamp_(0, 255).to(torch.uint8)
+    k = num * samples  # sequences per image, drawn together in batches across images
+    tokens, logp = generate(model, len(images) * k, known.repeat_interleave(k, 0), known_mask.repeat_interleave(k, 0),
+                            rank=rank, seed=seed, context=None if context is None else context.repeat_interleave(k, 0),
+                            **kw)
+    x = detokenize(model, tokens).float().view(len(images), num, samples, *cfg.shape)
+    filled = x[:, :, 0] if samples == 1 else (x.mean(2) if reduce == "mean" else x.median(2).values)
+    filled = filled.round_().clamp_(0, 255).to(torch.uint8)
+    logps = logp.view(len(images), num, samples).mean(2)
     keep = (~masks)[:, None, None].expand_as(filled)
     filled[keep] = images[:, None].expand_as(filled)[keep]  # known subpixels exactly
-    return filled, torch.stack(logps)
+    return filled, logps
 
 
 def inpaint(model, image, mask, num: int = 1, rank: int = 1, **kw) -> tuple[torch.Tensor, torch.Tensor]:

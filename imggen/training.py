@@ -15,6 +15,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -23,6 +24,7 @@ from imggen import checkpoint as ck
 from imggen.config import Config
 from imggen.errors import CheckpointError, ConfigError, Interrupted, TrainingError
 from imggen.model import ImageTransformer
+from imggen.tasks import eval_masks, inpaint_inputs, training_masks
 from imggen.tokens import tokenize
 
 LN2 = math.log(2.0)
@@ -61,19 +63,20 @@ def autocast(device):
 
 
 class Logger:
-    """log.jsonl rows and TensorBoard scalars; on resume, rows and events after `step` are dropped."""
+    """log.jsonl rows and TensorBoard scalars; rows and events after `step` (the resumed step, 0
+    for a fresh start) are dropped, so a resumed or overwritten run has no duplicate steps."""
 
     def __init__(self, out: str, enabled: bool, step: int = 0):
         self.enabled, self.path, self.tb = enabled, os.path.join(out, "log.jsonl"), None
         if not enabled:
             return
-        if step and os.path.exists(self.path):
+        if os.path.exists(self.path):  # a fresh start (step 0) keeps nothing of an earlier run
             with open(self.path) as f:
                 keep = [line for line in f if line.strip() and _row_step(line) <= step]
             ck._atomic_write_text(self.path, "".join(keep))
         try:
             from torch.utils.tensorboard import SummaryWriter
-            self.tb = SummaryWriter(os.path.join(out, "tb"), purge_step=step or None)
+            self.tb = SummaryWriter(os.path.join(out, "tb"), purge_step=step)
         except Exception:  # tensorboard is optional at run time
             self.tb = None
 
@@ -108,13 +111,17 @@ def build_model_and_optimizer(cfg: Config, device):
     return model, opt
 
 
-def train_step(model, opt, x: torch.Tensor, step: int, cfg: Config, device, loss_hook=None) -> float:
-    """One optimiser step on token batch x; returns the loss in bits/dim (TrainingError if not finite)."""
+def train_step(model, opt, x: torch.Tensor, step: int, cfg: Config, device, loss_hook=None,
+               context: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None) -> float:
+    """One optimiser step on token batch x (with a context and a token loss mask for inpainting);
+    returns the loss in bits/dim (TrainingError if not finite)."""
     for g in opt.param_groups:
         g["lr"] = lr_at(step, cfg)
     with autocast(device):
-        logits = model(x)
-    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1))
+        logits = model(x, context=context)
+    nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1),
+                                            reduction="none")
+    loss = nll.mean() if loss_mask is None else (nll * loss_mask.reshape(-1)).sum() / loss_mask.sum()
     if loss_hook is not None:
         loss = loss_hook(step, loss)
     value = float(loss.detach())
@@ -136,11 +143,14 @@ def load_data(cfg: Config):
     splits = {}
     for name in ("train", "val", "test"):
         imgs = data.split(name)
+        masks = data.masks.get(name)
         if cfg.data.limit:
-            imgs = imgs[: cfg.data.limit]
+            imgs, masks = imgs[: cfg.data.limit], None if masks is None else masks[: cfg.data.limit]
         if len(imgs) == 0:
             raise ConfigError(f"the {name} split of --data {cfg.data.spec} is empty; use more data")
         splits[name] = tokenize(imgs, m.bits, shape=m.shape).to(torch.uint8)
+        if masks is not None:
+            splits[name + "_masks"] = np.asarray(masks).reshape(len(imgs), m.height, m.width).astype(bool)
     return splits, data
 
 
@@ -252,10 +262,10 @@ def periodic(run: Run, logger: Logger, rate: dict) -> None:
         rate.update(step=step, time=now, tokens_per_s=tps)
         logger.log(step, train_bpd=rate["bpd"], lr=lr_at(step - 1, run.cfg), tokens_per_s=tps)
     if run.main and (step % t.eval_every == 0 or step == t.steps):
-        run.metrics["val_bpd"] = val = evaluate(run.model, run.splits["val"][: t.eval_images], t.batch_size)
+        run.metrics["val_bpd"] = val = evaluate(run, "val", t.eval_images)
         logger.log(step, val_bpd=val)
     if run.main and t.sample_every and step % t.sample_every == 0 and step != t.steps:
-        sample_grid(run.model, run.cfg, run.out, step, t.sample_num)
+        sample_grid(run, t.sample_num)
     if step % t.ckpt_every == 0 or step == t.steps:
         save(run)
 
@@ -268,14 +278,23 @@ def save(run: Run) -> None:
         dist.barrier()
 
 
-def evaluate(model, tokens: torch.Tensor, batch: int) -> float:
+def evaluate(run: Run, split: str, limit: int | None = None) -> float:
+    """Bits/dim of a split (inpainting: of the unknown pixels under the split's fixed masks)."""
     from imggen.eval.bpd import token_bits_per_dim
-    return float(token_bits_per_dim(model, tokens, batch).mean())
+
+    cfg = run.cfg
+    tokens = run.splits[split][:limit]
+    masks = None
+    if cfg.train.task == "inpaint":
+        masks = eval_masks(cfg.train.seed, split, len(tokens), run.splits.get(split + "_masks"), cfg.model.height,
+                           cfg.model.width)
+    return float(token_bits_per_dim(run.model, tokens, cfg.train.batch_size, masks=masks).mean())
 
 
 def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, device: str | None = None,
-          data: dict | None = None, progress: bool = True, hooks: dict | None = None) -> dict:
-    """Train `cfg` into run directory `out`. Returns final metrics. `data` = pre-tokenised splits."""
+          data: dict | None = None, progress: bool = True, hooks: dict | None = None, governor=None) -> dict:
+    """Train `cfg` into run directory `out`. Returns final metrics. `data` = pre-tokenised splits;
+    `governor` (imggen.threads) adapts the CPU thread count as other processes come and go."""
     run = setup(cfg, out, resume, overwrite, device, data)
     t = cfg.train
     net = torch.nn.parallel.DistributedDataParallel(run.model) if run.world > 1 else run.model
@@ -287,10 +306,12 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
     run.model.train()
     with StopSignal() as stop:
         while run.step < t.steps:
-            idx = batch_indices(run.step, t.batch_size, len(run.splits["train"]), t.seed)[run.rank::run.world]
-            x = run.splits["train"][idx].long().to(run.device)
+            if governor is not None:
+                governor.tick()
+            x, context, loss_mask = next_batch(run)
             try:
-                rate["bpd"] = train_step(net, run.opt, x, run.step, cfg, run.device, (hooks or {}).get("loss"))
+                rate["bpd"] = train_step(net, run.opt, x, run.step, cfg, run.device, (hooks or {}).get("loss"),
+                                         context, loss_mask)
             except TrainingError as e:
                 bar.close()
                 where = f"the last good checkpoint is {run.last_good}" if run.last_good else "no checkpoint was saved yet"
@@ -309,6 +330,18 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
     return finish(run, logger, time.time() - t_start)
 
 
+def next_batch(run: Run):
+    """This process's part of the step's global batch: tokens, and for inpainting the context and
+    the token loss mask (masks drawn for the global batch, so DDP sees what one process would)."""
+    t, m = run.cfg.train, run.cfg.model
+    idx = batch_indices(run.step, t.batch_size, len(run.splits["train"]), t.seed)
+    x = run.splits["train"][idx[run.rank::run.world]].long().to(run.device)
+    if t.task != "inpaint":
+        return x, None, None
+    masks = training_masks(t.seed, run.step, idx.numpy(), run.splits.get("train_masks"), m.height, m.width)
+    return (x, *inpaint_inputs(run.model, x, masks[run.rank::run.world]))
+
+
 def _stop_requested(run: Run, stop: StopSignal) -> bool:
     if run.world == 1:
         return stop.requested
@@ -318,9 +351,9 @@ def _stop_requested(run: Run, stop: StopSignal) -> bool:
 
 
 def finish(run: Run, logger: Logger, train_s: float) -> dict:
-    cfg, t = run.cfg, run.cfg.train
+    cfg = run.cfg
     if run.main:
-        test = evaluate(run.model, run.splits["test"], t.batch_size)
+        test = evaluate(run, "test")
         uni = unigram_bpd(run.splits["train"], cfg.model.vocab)
         run.metrics.update(test_bpd=test, unigram_bpd=uni, steps=run.step)
         logger.log(run.step, test_bpd=test)
@@ -345,22 +378,33 @@ def final_grid(run: Run, train_s: float) -> str:
     while num >= 1:
         cost = decode_seconds_per_step(run.model, num) * run.cfg.model.seq_len
         if cost <= budget:
-            return sample_grid(run.model, run.cfg, run.out, run.step, num)
+            return sample_grid(run, num)
         num = num // 2
     return (f"(none: one image would take about {cost:.0f} s, over {budget:.0f} s = {t.grid_time_frac:.0%} of "
             f"the training time; sample.py draws them)")
 
 
-def sample_grid(model, cfg: Config, out: str, step: int, num: int) -> str:
+def sample_grid(run: Run, num: int) -> str:
+    """`num` samples (inpainting: test images | voided | filled, a row each) -> samples.png."""
+    from imggen.eval.runners import triplets
     from imggen.images import image_scale, save_grid
-    from imggen.sampling import detokenize, sample
+    from imggen.sampling import detokenize, inpaint_images, sample
+    from imggen.tokens import detokenize_tokens
 
+    cfg, model = run.cfg, run.model
     model.eval()
-    toks = sample(model, num, seed=cfg.train.seed, progress=True)
+    if cfg.train.task == "inpaint":
+        m = cfg.model
+        test = run.splits["test"][:num]
+        masks = eval_masks(cfg.train.seed, "test", len(test), run.splits.get("test_masks"), m.height, m.width)
+        images = detokenize_tokens(test.long(), m.bits, m.shape)
+        filled, _ = inpaint_images(model, images, torch.from_numpy(masks), seed=cfg.train.seed, progress=True)
+        imgs, nrow = triplets(images.numpy(), masks[:, None], filled[:, 0].numpy()), 3
+    else:
+        imgs, nrow = detokenize(model, sample(model, num, seed=cfg.train.seed, progress=True)).numpy(), None
     model.train()
-    imgs = detokenize(model, toks).numpy()
-    path = os.path.join(out, "samples", f"step_{step:07d}.png")
+    path = os.path.join(run.out, "samples", f"step_{run.step:07d}.png")
     scale = image_scale(cfg.model.width)
-    save_grid(imgs, path, scale=scale)
-    save_grid(imgs, os.path.join(out, "samples.png"), scale=scale)
+    save_grid(imgs, path, nrow=nrow, scale=scale)
+    save_grid(imgs, os.path.join(run.out, "samples.png"), nrow=nrow, scale=scale)
     return path
