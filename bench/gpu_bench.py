@@ -1,4 +1,4 @@
-"""GPU check of imggen's sparse attention for a short slot (issue #11); bench/gpu_check.sh runs it.
+"""GPU check of imggen's sparse attention for a short slot; bench/gpu_check.sh runs it.
 
     bash bench/gpu_check.sh                  # one H200, <= 4 min with compiles; results under $OUT
     python bench/gpu_bench.py --dry-run      # CPU, tiny sizes, Triton interpreter (the CI test)
@@ -475,7 +475,7 @@ def breakdown(events: list[tuple[str, float]]) -> dict:
 
 # ================================================================================== targets
 def evaluate_targets(res: dict) -> list[dict]:
-    """PASS/FAIL per issue #11/#14 target; a target is PASS only if its configuration's correctness
+    """PASS/FAIL per target (band speed vs flex and SDPA, diffuser cost, decode bandwidth); a target is PASS only if its configuration's correctness
     check passed. Missing data: NOT RUN (counts as a failure)."""
     t = []
     rows = res.get("rows", {})

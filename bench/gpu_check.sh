@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU acceptance check of imggen's sparse attention (issue #11), sized for a short slot: at most
+# GPU acceptance check of imggen's sparse attention, sized for a short slot: at most
 # 4 minutes on one H200, compiles included. Results land under $OUT when it is set, else bench/results/:
 #   gpu_check.md    tables, the targets (PASS/FAIL) first        gpu_check.json  every number and error
 #   gpu_check.log   this output, with timestamps                 smoke.log       train.py / sample.py output

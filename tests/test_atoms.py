@@ -111,7 +111,7 @@ def test_public_api_and_report():
     assert rep["ratio"]["recognised"] in (None, pytest.approx(1.0))  # same images as the ceiling
 
 
-# ----------------------------------------------------------------------------- grey drawings (issue #15)
+# ----------------------------------------------------------------------------- grey drawings
 # RDKit's default drawings colour atom labels; turned grey, yellow S, cyan F and orange P become light
 # grey (L ~150-180), which OSRA misread before atom_bond_accuracy stretched light strokes.
 # Molecules of the shipped MOSES sample (from the seed-0 sample of 40 in bench/results/osra_binarise.md)
