@@ -6,7 +6,8 @@
 Forward and forward+backward wall time (median over reps, after a warm-up) and peak memory of one
 forward+backward (growth of the peak resident set of a fresh process, reset before the call, with
 glibc's mmap threshold fixed so freed blocks leave; Linux only).
-FlexAttention (torch.compile'd, same mask) is timed forward only: it has no CPU backward.
+FlexAttention (imggen's flex backend: torch.compile'd, same mask) is timed forward only: it has no CPU
+backward.
 """
 from __future__ import annotations
 
@@ -62,19 +63,12 @@ def timeit(fn, reps: int) -> float:
 
 
 def flex_forward(pat, n, h, d):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    def mask_mod(b, hh, qi, kj):
-        return pat.allowed(qi, kj, 0)
-
-    torch._dynamo.reset()  # a fresh static-shape compile per size
-    bm = create_block_mask(mask_mod, 1, 1, n, n, device="cpu")
-    fa = torch.compile(flex_attention, dynamic=False)
+    """FlexAttention through imggen's flex backend (the pattern's own BlockMask and rule)."""
     q, k, v = inputs(n, h, d, grad=False)
 
     def fn():
         with torch.no_grad():
-            fa(q, k, v, block_mask=bm)
+            imggen.sparse_attention(q, k, v, pat, backend="flex")
     return fn
 
 

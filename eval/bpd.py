@@ -13,6 +13,7 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from imggen.errors import ShapeError
 
@@ -44,17 +45,19 @@ def _device(model) -> torch.device:
         return torch.device("cpu")
 
 
-def per_image_bits_per_dim(model, images, batch_size: int = 16) -> np.ndarray:
+def per_image_bits_per_dim(model, images, batch_size: int = 16, progress: bool = False) -> np.ndarray:
     """float64 (B,) bits/dim of each uint8 image (B, C, H, W) under `model` (teacher forcing)."""
     from imggen.tokens import tokenize
 
     if len(images) == 0:
         raise ShapeError("no images to compute bits/dim on (got an empty batch)")
-    return token_bits_per_dim(model, tokenize(images, model.config.bits, shape=model.config.shape), batch_size)
+    return token_bits_per_dim(model, tokenize(images, model.config.bits, shape=model.config.shape), batch_size,
+                              progress=progress)
 
 
 @torch.no_grad()
-def token_bits_per_dim(model, tokens: torch.Tensor, batch_size: int = 16, masks=None) -> np.ndarray:
+def token_bits_per_dim(model, tokens: torch.Tensor, batch_size: int = 16, masks=None,
+                       progress: bool = False) -> np.ndarray:
     """float64 (B,) bits/dim of each token sequence (B, N) (uint8 or long) under `model`; the one
     place bits/dim is computed (training's validation and test figures call it too). With pixel
     masks (B, H, W) (True = unknown), an inpainting model's bits/dim of the unknown subpixels given
@@ -69,10 +72,11 @@ def token_bits_per_dim(model, tokens: torch.Tensor, batch_size: int = 16, masks=
     model.eval()
     out = []
     try:
-        for i in range(0, len(tokens), batch_size):
+        for i in tqdm(range(0, len(tokens), batch_size), desc="bits/dim", unit="batch", disable=not progress,
+                      leave=False):
             x = tokens[i: i + batch_size].long().to(device)
             context, weight = (None, None) if masks is None else inpaint_inputs(model, x, masks[i: i + batch_size])
-            logits = model(x, context=context).float()
+            logits = (model(x) if context is None else model(x, context=context)).float()
             if logits.shape != (*x.shape, cfg.vocab):
                 raise ShapeError(f"model returned logits of shape {tuple(logits.shape)}, expected "
                                  f"{(*x.shape, cfg.vocab)}")
@@ -103,7 +107,7 @@ def bootstrap_ci(values, resamples: int = 1000, seed: int = 0, level: float = 0.
 
 
 def bits_per_dim(model, images, batch_size: int = 16, return_per_image: bool = False, bootstrap: int = 0,
-                 seed: int = 0, dataset: str | None = None):
+                 seed: int = 0, dataset: str | None = None, progress: bool = False):
     """Mean bits/dim of uint8 images (B, C, H, W) under `model`.
 
     Returns a float, or with `return_per_image` / `bootstrap` > 0 a dict: bpd, per_image (list),
@@ -111,7 +115,7 @@ def bits_per_dim(model, images, batch_size: int = 16, return_per_image: bool = F
     n_images and label (what the number may be compared with; `dataset` = the data spec, if known).
     Every image has the same number of subpixels, so the mean over images is the mean over subpixels.
     """
-    per = per_image_bits_per_dim(model, images, batch_size)
+    per = per_image_bits_per_dim(model, images, batch_size, progress)
     bpd = float(per.mean())
     if not return_per_image and not bootstrap:
         return bpd

@@ -26,7 +26,7 @@ def run_bpd(run: Run, data=None, spec: str | None = None, split: str = "test", l
     imgs = split_images(data, split, limit)
     t0 = time.time()
     res = bits_per_dim(run.model, imgs, batch_size=batch_size, return_per_image=True, bootstrap=bootstrap,
-                       seed=seed, dataset=spec)
+                       seed=seed, dataset=spec, progress=True)
     res.update(checkpoint=run.ckpt, data=spec, split=split, seconds=time.time() - t0)
     return res
 
@@ -38,7 +38,7 @@ def sample_images(run: Run, num: int, seed: int = 0, batch_size: int = 16, rank:
     if num < 1:
         raise ConfigError(f"--num must be >= 1, got {num}")
     t0 = time.time()
-    toks, logp = generate(run.model, num, rank=rank, batch_size=batch_size, seed=seed)
+    toks, logp = generate(run.model, num, rank=rank, batch_size=batch_size, seed=seed, progress=True)
     dt = max(time.time() - t0, 1e-9)
     imgs = detokenize(run.model, toks).numpy()
     n_tok = num * rank * run.cfg.model.seq_len

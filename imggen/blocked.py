@@ -34,8 +34,11 @@ class Windows:
 
     All B*H slices share one layout: query block qb of slice c is global block g = c*nqb + qb
     (queries padded to nqb*Bq per slice); keys live in one buffer with `lpad` leading and `tail`
-    trailing zero rows, slice c's position p at row lpad + c*nqb*Bq + p. `windows(x, g0, g1)` is
-    (G, span, D); scores are (G, Bq, span), viewed as (slices, blocks, Bq, span) for masking.
+    trailing zero rows, slice c's position p at row lpad + c*nqb*Bq + p. `windows(buf, chunk)` is
+    (G, span, D) for the chunk's G blocks, so one bmm serves every slice of a chunk; scores are
+    (G, Bq, span), viewed as (slices, blocks, Bq, span) for masking. Band windows of a slice's first
+    blocks reach into the previous slice's rows: those keys are masked (before position 0), so they
+    add exact zeros to its gradients.
     """
 
     block: int   # Bq
@@ -143,7 +146,7 @@ class GatherWindows(Windows):
         self.block, self.nqb, self.hl = block, plan.nqb, plan.keys.shape[0]
         self.span, self.lpad, self.tail = plan.keys.shape[2] * block, 0, block
         self.keys = plan.keys
-        self.blocked = ~_gather_mask(pattern, n, heads, block)
+        self.blocked = _gather_blocked(pattern, n, heads, block)
         self.heads = heads
 
     def _index(self, chunk, buf):
@@ -173,21 +176,23 @@ class GatherWindows(Windows):
 
 
 @functools.lru_cache(maxsize=64)
-def _gather_mask(pattern: Pattern, n: int, heads: int, block: int) -> torch.Tensor:
-    """(HL, nqb, Bq, M*Bq) bool: the rule on every gathered window (padding blocks False)."""
+def _gather_blocked(pattern: Pattern, n: int, heads: int, block: int) -> torch.Tensor:
+    """(HL, nqb, Bq, M*Bq) bool: True where the rule forbids a gathered key (and on padding blocks)."""
     plan = pattern.block_plan(n, heads, block)
     hl, nqb, m = plan.keys.shape
     tables = pattern.lookup_tables(n, hl)
     qi = torch.arange(nqb * block).view(nqb, block, 1)
     kj = (plan.keys.clamp(min=0)[..., None] * block + torch.arange(block)).view(hl, nqb, 1, m * block)
     pad = (plan.keys < 0).repeat_interleave(block, -1).view(hl, nqb, 1, m * block)
-    return torch.stack([pattern.allowed(qi, kj[h], h, tables) for h in range(hl)]) & ~pad
+    return ~torch.stack([pattern.allowed(qi, kj[h], h, tables) for h in range(hl)]) | pad
 
 
 def make_windows(pattern: Pattern, n: int, heads: int, block: int = DEFAULT_BLOCK) -> Windows:
     if pattern.band() is not None and not pattern.heads_differ:
         return BandWindows(pattern, n, block)
     return GatherWindows(pattern, n, heads, block)
+
+
 def _scores(win: Windows, qp, kbuf, chunk):
     """Masked float32 scores (G, Bq, span) of a chunk (q is pre-scaled by 1/sqrt(D))."""
     g0, g1 = win.blocks(chunk)

@@ -11,9 +11,9 @@ preallocated slots updated in place; `positions[slot]` records which token posit
   - "all": one slot per position (full, column heads); `keep_all=True` gives any pattern this
     full-cache baseline with the same code;
 * what query t reads: every held slot when all are readable (a band ring); else a `ReadPlan`
-  precomputed from `pattern.allowed` for every step: the exact readable slots, gathered (local2d
-  reads ~(r+1)(2r+1) of its r*W+r+1 slots; column heads their column), or all slots under a
-  precomputed mask; `pattern.read_mask` per step only for the keep-all baseline;
+  computed from `pattern.allowed` for the next PLAN_STEPS steps at once: the exact readable slots,
+  gathered (local2d reads ~(r+1)(2r+1) of its r*W+r+1 slots; column heads their column), or all
+  slots under a mask; `pattern.read_mask` per step only for the keep-all baseline;
 * head groups (strided): one cache per group of heads.
 Debug mode (`IMGGEN_CACHE_DEBUG=1` or `imggen.decode.DEBUG = True`) checks `last_reads` against
 `pattern.mask`, every slot reuse, and that no query reads an evicted position.
@@ -124,45 +124,39 @@ def true_last_reads(pattern: Pattern, n: int, heads: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ReadPlan:
-    """What query t reads, precomputed for every t: `index` (n, HL, K) slots (its readable held
-    positions, padded with slot 0 under a -inf bias) or None = every slot [0, capacity); `bias`
-    (n, HL, K or capacity) additive 0 / -inf."""
+    """What queries t0 <= t < t1 read: `index` (t1-t0, HL, K) slots (the readable held positions,
+    padded with slot 0 under a -inf bias) or None = every slot [0, capacity); `bias`
+    (t1-t0, HL, K or capacity) additive 0 / -inf."""
+    t0: int
+    t1: int
     index: torch.Tensor | None
     bias: torch.Tensor
 
+    def nbytes(self) -> int:
+        return sum(x.numel() * x.element_size() for x in (self.index, self.bias) if x is not None)
+
 
 GATHER_FRACTION = 0.5   # gather the readable slots when they are at most this part of the cache
-TABLE_LIMIT = 1 << 24   # entries of a precomputed read plan (else masks are computed per step)
+PLAN_STEPS = 1024       # steps per read plan: its memory is bounded, whatever the image size
 
 
-@functools.lru_cache(maxsize=64)
-def read_plan(pattern: Pattern, n: int, heads: int, policy: str) -> ReadPlan | None:
-    """The exact read set of every step, from the positions each slot holds (None: too large)."""
-    plan = slot_plan(pattern, n, heads, policy)
+def read_plan(pattern: Pattern, n: int, heads: int, plan: SlotPlan, t0: int, t1: int, tables) -> ReadPlan:
+    """The exact read sets of steps [t0, t1), from the positions each slot holds after step t."""
     cap, hl = plan.capacity, pattern.head_count(heads)
-    if n * hl * cap > 4 * TABLE_LIMIT:
-        return None
-    tables = pattern.lookup_tables(n, heads)
+    held = np.full(cap, -1, dtype=np.int64)  # the newest position < t0 in each slot
+    np.maximum.at(held, plan.slots[:t0], np.arange(t0))
+    t = torch.arange(t0, t1)
+    pos = torch.full((len(t), cap), -1, dtype=torch.long)
+    pos[t - t0, torch.from_numpy(plan.slots[t0:t1])] = t
+    pos = torch.cummax(torch.cat([torch.from_numpy(held)[None], pos]), 0).values[1:]
     h = torch.arange(hl)[None, :, None]
-    chunk = max(1, TABLE_LIMIT // (4 * hl * cap))
-    carry = torch.full((cap,), -1, dtype=torch.long)
-    oks = []
-    for t0 in range(0, n, chunk):  # positions held after writing t (rows), per slot (columns)
-        t = torch.arange(t0, min(n, t0 + chunk))
-        pos = torch.full((len(t), cap), -1, dtype=torch.long)
-        pos[t - t0, torch.from_numpy(plan.slots[t0:t0 + len(t)])] = t
-        pos = torch.cummax(torch.cat([carry[None], pos]), 0).values[1:]
-        carry = pos[-1]
-        oks.append(pattern.allowed(t[:, None, None], pos[:, None, :], h, tables) & (pos >= 0)[:, None, :])
-    ok = torch.cat(oks)  # (n, HL, cap)
+    ok = pattern.allowed(t[:, None, None], pos[:, None, :], h, tables) & (pos >= 0)[:, None, :]  # (T, HL, cap)
     k = int(ok.sum(-1).max())
     if k > GATHER_FRACTION * cap:
-        if ok.numel() > TABLE_LIMIT:
-            return None
-        return ReadPlan(None, torch.zeros(ok.shape).masked_fill_(~ok, float("-inf")))
+        return ReadPlan(t0, t1, None, torch.zeros(ok.shape).masked_fill_(~ok, float("-inf")))
     order = torch.sort((~ok).to(torch.int8), dim=-1, stable=True).indices[..., :k]  # readable slots first
     sel = torch.gather(ok, -1, order)
-    return ReadPlan(order.masked_fill(~sel, 0), torch.zeros(sel.shape).masked_fill_(~sel, float("-inf")))
+    return ReadPlan(t0, t1, order.masked_fill(~sel, 0), torch.zeros(sel.shape).masked_fill_(~sel, float("-inf")))
 
 
 # ------------------------------------------------------------------------------------ caches
@@ -183,10 +177,8 @@ class Cache:
         band = pattern.band()
         # a ring no longer than a band of period 1 holds only positions its query may read
         self.unmasked = self.policy == "ring" and band is not None and band.period == 1 and cap <= band.width
-        self.reads = None if self.unmasked or keep_all else read_plan(pattern, n, heads, self.policy)
-        if self.reads is not None:
-            self.reads = ReadPlan(None if self.reads.index is None else self.reads.index.to(device),
-                                  self.reads.bias.to(device, dtype))
+        self.planned = not (self.unmasked or keep_all)  # read plans (else: all slots, or masks per step)
+        self.reads: ReadPlan | None = None
         self.debug = DEBUG
         if self.debug:
             self._true_last = true_last_reads(pattern, n, heads)
@@ -195,10 +187,15 @@ class Cache:
             self._must_hold = pattern.masks(n, heads).any(0)
 
     def nbytes(self) -> int:
-        """k, v (+ z) and positions buffers, plus the slot plan (8 bytes per position and table)."""
+        """k, v (+ z) and positions buffers, the slot plan (8 bytes per position and table, interval
+        plans) and one read plan (the first PLAN_STEPS steps)."""
         bufs = [self.k, self.v, self.positions] + ([self.z] if self.z is not None else [])
         plan = 0 if self.policy != "interval" else 3 * self.n * 8
-        return sum(b.numel() * b.element_size() for b in bufs) + plan
+        reads = 0
+        if self.planned:
+            reads = read_plan(self.pattern, self.n, self.heads, self.plan, 0, min(self.n, PLAN_STEPS),
+                              self.tables).nbytes()
+        return sum(b.numel() * b.element_size() for b in bufs) + plan + reads
 
     def key_bias(self, t: int, hi: int):
         """Additive (HL, hi) bias of query t over slots [0, hi), or None when all are readable."""
@@ -230,13 +227,19 @@ class Cache:
         if self.unmasked:
             hi = self._hi[t]
             return (lambda x: x[:, :, :hi]), None
-        if self.reads is None:  # masks computed now (the keep-all baseline, or tables too large)
+        if not self.planned:  # masks computed now: the keep-all baseline
             hi = self._hi[t]
             return (lambda x: x[:, :, :hi]), self._per_head(self.key_bias(t, hi))
-        bias = self._per_head(self.reads.bias[t])
-        if self.reads.index is None:
+        r = self.reads
+        if r is None or not r.t0 <= t < r.t1:
+            r = self.reads = read_plan(self.pattern, self.n, self.heads, self.plan, t, min(self.n, t + PLAN_STEPS),
+                                       self.tables)
+            r = self.reads = ReadPlan(r.t0, r.t1, None if r.index is None else r.index.to(self.k.device),
+                                      r.bias.to(self.k.device, self.k.dtype))
+        bias = self._per_head(r.bias[t - r.t0])
+        if r.index is None:
             return (lambda x: x), bias
-        idx = self.reads.index[t]
+        idx = r.index[t - r.t0]
         if idx.shape[0] == 1:
             return (lambda x: x.index_select(-2, idx[0])), bias
         idx = self._per_head(idx)

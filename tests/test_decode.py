@@ -210,3 +210,14 @@ def test_random_configs_parity(draw):
         ref = model(x)
     for prefill in (0, int(rng.integers(1, n))):
         assert (teacher_force(model, x, cache="evict", prefill=prefill) - ref).abs().max() <= 1e-4, prefill
+
+
+@pytest.mark.parametrize("case", ["local2d", "bigbird", "diffuser", "strided"])
+def test_read_plans_in_short_windows(case, monkeypatch):
+    """Read plans are computed PLAN_STEPS steps at a time (bounded memory): many windows, same logits."""
+    monkeypatch.setattr(dec, "PLAN_STEPS", 7)
+    model = _model(3, **CASES[case])
+    x = torch.randint(0, 16, (2, model.config.seq_len), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = model(x)
+    assert (teacher_force(model, x, prefill=11) - ref).abs().max() <= 1e-4

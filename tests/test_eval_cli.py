@@ -200,3 +200,16 @@ def test_report_without_data_or_logs_still_writes(tmp_path, capsys):
     for name in ("samples.png", "curves.png"):
         _opens(tmp_path / "rep" / name)
     assert "## Notes" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_report_says_in_one_line_when_drawings_are_too_small_for_osra():
+    from imggen.eval.atoms import readable_note
+    from imggen.eval.report import report_markdown
+    note = readable_note(32, 32)
+    assert note and "160" in note and readable_note(500, 500) is None
+    rep = {"run_dir": "r", "checkpoint": "c", "step": 1, "data": "molecules", "created": "now", "notes": [],
+           "config": {"shape": [1, 32, 32]}, "bpd": None, "sampling": {"num": 1, "device": "cpu", "tokens_per_s": 1.0,
+                                                                       "seconds": 1.0, "images_per_s": 1.0},
+           "atoms": None, "atoms_note": note}
+    md = report_markdown(rep)
+    assert f"Not measured: {note}." in md and "| recognised |" not in md

@@ -1,0 +1,229 @@
+"""The presets on this CPU: sampling, training memory, and shared cores, for one checkout or two.
+
+    python bench/presets.py [--before /path/to/old/checkout] [--parts grid,memory,shared]
+                            [--out bench/results/presets.md]
+
+Every measurement runs in a fresh process that imports imggen from the checkout being measured, with
+that checkout's default thread behaviour (what a user of it gets), so a `--before` checkout (e.g. a
+`git worktree` of an older commit) gives the before column:
+* grid: seconds to sample a 16-image grid (batch 16, eviction caches, random weights: the speed does
+  not depend on them) for the brats and cifar presets, and decode tokens/s;
+* memory: peak resident memory of one training step (forward, backward, AdamW) of the demo, cifar
+  and brats presets at their batch sizes (random data), and with activation checkpointing where
+  the checkout has it;
+* shared: a demo training step and one demo sample (32x32) alone, then with a second demo training
+  running beside them (train.py of the same checkout, default settings): median step time and
+  sample time, and their ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS_MEASURED = 6
+
+
+# ------------------------------------------------------------------------------------ workers
+def _import(repo: str):
+    """imggen from `repo`, not from an installed (editable) copy."""
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+    sys.path.insert(0, repo)
+    import imggen  # noqa: F401
+
+
+def _new_api(repo: str) -> bool:
+    return os.path.exists(os.path.join(repo, "imggen", "threads.py"))
+
+
+def _policy(repo: str, kind: str):
+    """The checkout's own default thread behaviour: a governor to tick (new) or torch's default."""
+    if _new_api(repo):
+        from imggen.threads import set_threads
+        return set_threads(None, kind)
+    return None
+
+
+def worker_grid(repo: str, preset: str) -> dict:
+    import torch
+    from imggen.config import preset as get
+    from imggen.model import ImageTransformer
+    from imggen.sampling import sample
+
+    _policy(repo, "sample")
+    cfg = get(preset).model
+    torch.manual_seed(0)
+    model = ImageTransformer(cfg).eval()
+    t0 = time.perf_counter()
+    sample(model, 16, seed=0)
+    dt = time.perf_counter() - t0
+    return {"seconds": dt, "tokens_per_s": 16 * cfg.seq_len / dt, "threads": torch.get_num_threads()}
+
+
+def worker_memory(repo: str, preset: str, checkpointing: bool) -> dict:
+    import resource
+
+    import torch
+    from imggen.config import preset as get
+    from imggen.model import ImageTransformer
+
+    cfg = get(preset)
+    torch.manual_seed(0)
+    model = ImageTransformer(cfg.model)
+    if checkpointing:
+        if not hasattr(model, "checkpointing"):
+            return {"error": "no activation checkpointing in this checkout"}
+        model.checkpointing = True
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, cfg.model.vocab, (cfg.train.batch_size, cfg.model.seq_len))
+    t0 = time.perf_counter()
+    logits = model(x)
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return {"peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "step_s": time.perf_counter() - t0,
+            "batch": cfg.train.batch_size, "threads": torch.get_num_threads()}
+
+
+def worker_demo(repo: str) -> dict:
+    """Median demo training step (default threads, governed where the checkout has that) and one
+    demo sample, as a user of the checkout gets them."""
+    import torch
+    from imggen.config import preset as get
+    from imggen.model import ImageTransformer
+    from imggen.sampling import sample
+
+    gov = _policy(repo, "train")
+    cfg = get("demo")
+    torch.manual_seed(0)
+    model = ImageTransformer(cfg.model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, cfg.model.vocab, (cfg.train.batch_size, cfg.model.seq_len))
+    steps = []
+    for i in range(STEPS_MEASURED + 1):
+        if gov is not None:
+            gov.tick()
+        t0 = time.perf_counter()
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        steps.append(time.perf_counter() - t0)
+    train_threads = torch.get_num_threads()
+    _policy(repo, "sample")
+    model.eval()
+    t0 = time.perf_counter()
+    sample(model, 1, seed=0)
+    return {"step_s": statistics.median(steps[1:]), "sample_s": time.perf_counter() - t0,
+            "train_threads": train_threads, "sample_threads": torch.get_num_threads()}
+
+
+# ------------------------------------------------------------------------------------ driver
+def run_worker(repo: str, *args: str, timeout: float = 3600) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", repo, *args]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"did not finish in {timeout:.0f} s"}
+    if r.returncode != 0:
+        tail = (r.stderr.strip().splitlines() or ["killed"])[-1]
+        return {"error": "out of memory (killed)" if r.returncode in (-9, 137) else tail[:200]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def shared(repo: str) -> dict:
+    alone = run_worker(repo, "demo")
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+        env["PYTHONPATH"] = repo
+        other = subprocess.Popen([sys.executable, os.path.join(repo, "train.py"), "--preset", "demo", "--steps",
+                                  "100000", "--out", os.path.join(tmp, "other"), "--no-progress"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=repo)
+        try:
+            time.sleep(20)  # the other training is past its data loading and busy
+            beside = run_worker(repo, "demo")
+        finally:
+            other.kill()
+            other.wait()
+    return {"alone": alone, "beside": beside}
+
+
+def fmt(r: dict, key: str, unit: str = "", nd: int = 2) -> str:
+    if "error" in r:
+        return r["error"]
+    return f"{r[key]:.{nd}f}{unit}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--before", help="another checkout (e.g. a git worktree of an older commit)")
+    ap.add_argument("--parts", default="grid,memory,shared")
+    ap.add_argument("--out", default=os.path.join(HERE, "bench", "results", "presets.md"))
+    ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        repo, kind, *rest = args.worker
+        _import(repo)
+        fn = {"grid": lambda: worker_grid(repo, rest[0]),
+              "memory": lambda: worker_memory(repo, rest[0], rest[1] == "1"),
+              "demo": lambda: worker_demo(repo)}[kind]
+        print(json.dumps(fn()))
+        return 0
+    repos = {"after": HERE} if not args.before else {"before": os.path.abspath(args.before), "after": HERE}
+    parts, lines = args.parts.split(","), []
+    cols = list(repos)
+    if "grid" in parts:
+        lines += ["## Sampling a 16-image grid (batch 16, random weights)", "",
+                  "| preset | " + " | ".join(f"{c}: s (tokens/s, threads)" for c in cols) + " |",
+                  "|---|" + "---|" * len(cols)]
+        for preset in ("brats", "cifar"):
+            res = [run_worker(repos[c], "grid", preset) for c in cols]
+            lines.append(f"| {preset} | " + " | ".join(
+                r.get("error") or f"{r['seconds']:.1f} ({r['tokens_per_s']:.0f}, {r['threads']})" for r in res) + " |")
+            print(lines[-1], flush=True)
+        lines.append("")
+    if "memory" in parts:
+        lines += ["## Peak memory of one training step at the preset's batch size", "",
+                  "| preset (batch) | " + " | ".join(f"{c}: peak GB (step s)" for c in cols)
+                  + " | after, activation checkpointing |", "|---|" + "---|" * (len(cols) + 1)]
+        for preset in ("demo", "cifar", "brats"):
+            res = [run_worker(repos[c], "memory", preset, "0") for c in cols]
+            ac = run_worker(HERE, "memory", preset, "1")
+            batch = next((r["batch"] for r in res + [ac] if "batch" in r), "?")
+            lines.append(f"| {preset} ({batch}) | " + " | ".join(
+                r.get("error") or f"{r['peak_gb']:.2f} ({r['step_s']:.0f})" for r in res + [ac]) + " |")
+            print(lines[-1], flush=True)
+        lines.append("")
+    if "shared" in parts:
+        lines += ["## Shared cores: demo step and demo sample, alone vs beside a second demo training", "",
+                  "| checkout | step alone s | step beside s | ratio | sample alone s | sample beside s | ratio |",
+                  "|---|---|---|---|---|---|---|"]
+        for c in cols:
+            r = shared(repos[c])
+            a, b = r["alone"], r["beside"]
+            ok = "error" not in a and "error" not in b
+            lines.append(f"| {c} | {fmt(a, 'step_s')} | {fmt(b, 'step_s')} | "
+                         f"{(b['step_s'] / a['step_s']) if ok else float('nan'):.1f}x | {fmt(a, 'sample_s')} | "
+                         f"{fmt(b, 'sample_s')} | {(b['sample_s'] / a['sample_s']) if ok else float('nan'):.1f}x |")
+            print(lines[-1], flush=True)
+        lines.append("")
+    cmd = "python bench/presets.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    head = [f"`{cmd}` ({time.strftime('%Y-%m-%d %H:%M')}; {os.cpu_count()} CPUs)", ""]
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write("\n".join(head + lines))
+    print("\n".join(head + lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
