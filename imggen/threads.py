@@ -7,7 +7,7 @@ with 2 threads than with 1; bench/RESULTS.md, 'Threads'). So:
   to pay, alone or not;
 * training and evaluation use every core while the machine is otherwise idle and drop to 1 thread
   while other processes keep cores busy (`Governor`, rechecked every CHECK_S seconds from the
-  kernel's count of runnable threads, ours subtracted), with a one-line note when that happens.
+  kernel's count of runnable threads, ours subtracted), with a one-line note the first time.
 `--threads N` (or OMP_NUM_THREADS) fixes the count and switches the governor off.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Governor:
     def __init__(self, n: int | None):
         self.fixed = n is not None or "OMP_NUM_THREADS" in os.environ
         self.cores = os.cpu_count() or 1
-        self.last = -CHECK_S
+        self.last, self.noted = -CHECK_S, False
         if n is not None:
             torch.set_num_threads(n)
 
@@ -60,9 +60,10 @@ class Governor:
         others = runnable_others()
         want = self.cores if others is None or others < 0.5 else 1
         if want != torch.get_num_threads():
-            if want == 1:
-                print(f"note: other processes keep about {others:.1f} cores busy: using 1 thread until they stop "
+            if want == 1 and not self.noted:
+                print(f"note: other processes keep about {others:.1f} cores busy: using 1 thread while they do "
                       f"(--threads N fixes the count)", flush=True)
+                self.noted = True
             torch.set_num_threads(want)
 
 

@@ -17,16 +17,19 @@ import triton.language as tl
 
 from imggen.errors import ShapeError
 
-LOG2E = 1.4426950408889634
+from . import tuning
+from .attention import LOG2E
+
+COMBINE_CHUNK = 16  # splits merged per step of the combine kernel
 
 
 def decode_attention_reference(q, k_cache, v_cache, key_bias):
-    """PyTorch reference of decode_attention (same signature; any device and dtype)."""
+    """PyTorch reference of decode_attention (same signature; any device and dtype): the
+    function imggen's PyTorch decode path runs, computed in float32."""
+    from imggen.decode import decode_attention_reference as ref
+
     _check(q, k_cache, v_cache, key_bias, need_kernel=False)
-    s = torch.einsum("bhd,bhld->bhl", q.float(), k_cache.float()) / math.sqrt(q.shape[-1])
-    s = s + key_bias.float()
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # all-masked rows -> zeros
-    return torch.einsum("bhl,bhld->bhd", p, v_cache.float()).to(q.dtype)
+    return ref(q.float(), k_cache.float(), v_cache.float(), key_bias.float()).to(q.dtype)
 
 
 def _check(q, k, v, bias, need_kernel=True):
@@ -77,7 +80,7 @@ def _decode_split(Q, K, V, BIAS, PO, PM, PL, sqb, sqh, skb, skh, skl, svb, svh, 
         ok = offs < hi
         k = tl.load(K + b * skb + h * skh + offs[:, None] * skl + dd[None, :], mask=ok[:, None], other=0.0)
         bias = tl.load(BIAS + b * sbb + h * sbh + offs * sbl, mask=ok, other=float("-inf")).to(tl.float32)
-        s = tl.sum(k.to(tl.float32) * q[None, :], 1) * sm2 + bias * 1.4426950408889634
+        s = tl.sum(k.to(tl.float32) * q[None, :], 1) * sm2 + bias * LOG2E
         s = tl.where(ok, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 0))
         p = tl.math.exp2(s - m_new)
@@ -92,20 +95,26 @@ def _decode_split(Q, K, V, BIAS, PO, PM, PL, sqb, sqh, skb, skh, skl, svb, svh, 
 
 
 @triton.jit
-def _decode_combine(PO, PM, PL, O, NSPLIT, S2: tl.constexpr, D: tl.constexpr):
+def _decode_combine(PO, PM, PL, O, NSPLIT, CH: tl.constexpr, D: tl.constexpr):
+    """Merge the splits' (max, sum, output) CH at a time with a running max (any NSPLIT, fixed registers)."""
     bh = tl.program_id(0).to(tl.int64)
-    sp = tl.arange(0, S2)
     dd = tl.arange(0, D)
-    ok = sp < NSPLIT
-    m = tl.load(PM + bh * NSPLIT + sp, mask=ok, other=-1.0e30)
-    l = tl.load(PL + bh * NSPLIT + sp, mask=ok, other=0.0)
-    po = tl.load(PO + (bh * NSPLIT + sp[:, None]) * D + dd[None, :], mask=ok[:, None], other=0.0)
-    mx = tl.max(m, 0)
-    w = tl.math.exp2(m - mx)
-    den = tl.sum(l * w, 0)
+    m_run = tl.full([1], -1.0e30, tl.float32)
+    den = tl.zeros([1], tl.float32)
+    out = tl.zeros([D], tl.float32)
+    for c in range(0, NSPLIT, CH):
+        sp = c + tl.arange(0, CH)
+        ok = sp < NSPLIT
+        m = tl.load(PM + bh * NSPLIT + sp, mask=ok, other=-1.0e30)
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        w = tl.math.exp2(m - m_new)
+        r = tl.math.exp2(m_run - m_new)
+        den = den * r + tl.sum(tl.load(PL + bh * NSPLIT + sp, mask=ok, other=0.0) * w, 0)
+        po = tl.load(PO + (bh * NSPLIT + sp[:, None]) * D + dd[None, :], mask=ok[:, None], other=0.0)
+        out = out * r + tl.sum(po * w[:, None], 0)
+        m_run = m_new
     den = tl.where(den == 0.0, 1.0, den)
-    out = tl.sum(po * w[:, None], 0) / den
-    tl.store(O + bh * D + dd, out.to(O.dtype.element_ty))
+    tl.store(O + bh * D + dd, (out / den).to(O.dtype.element_ty))
 
 
 def _splits(bh: int, length: int, bl: int, sms: int) -> tuple[int, int]:
@@ -120,17 +129,17 @@ def decode_attention(q, k_cache, v_cache, key_bias):
     _check(q, k_cache, v_cache, key_bias)
     from .sparse import _empty, interpreted
     b, h, l, d = k_cache.shape
-    bias = key_bias.expand(b, h, l)
+    bias = key_bias.float().expand(b, h, l)  # one compiled variant: the bias is read as fp32
     sms = 132 if interpreted() else torch.cuda.get_device_properties(q.device).multi_processor_count
-    bl = 64 if d <= 64 else 32
-    split, nsplit = _splits(b * h, l, bl, sms)
+    cfg = tuning.choose("decode", d, q.dtype, tuning.candidates("decode", d, q.dtype))
+    split, nsplit = _splits(b * h, l, cfg.bm, sms)
     po = _empty((b * h, nsplit, d), torch.float32, q.device)
     pm = _empty((b * h, nsplit), torch.float32, q.device)
     pl = _empty((b * h, nsplit), torch.float32, q.device)
     out = _empty((b, h, d), q.dtype, q.device)
-    kw = {} if interpreted() else {"num_warps": 4}
+    kw = {} if interpreted() else cfg.launch()
     _decode_split[(b * h, nsplit)](
         q, k_cache, v_cache, bias, po, pm, pl, q.stride(0), q.stride(1), *k_cache.stride()[:3],
-        *v_cache.stride()[:3], *bias.stride(), h, l, split, nsplit, LOG2E / math.sqrt(d), BL=bl, D=d, **kw)
-    _decode_combine[(b * h,)](po, pm, pl, out, nsplit, S2=triton.next_power_of_2(nsplit), D=d, **kw)
+        *v_cache.stride()[:3], *bias.stride(), h, l, split, nsplit, LOG2E.value / math.sqrt(d), BL=cfg.bm, D=d, **kw)
+    _decode_combine[(b * h,)](po, pm, pl, out, nsplit, CH=COMBINE_CHUNK, D=d, **kw)
     return out

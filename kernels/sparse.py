@@ -4,25 +4,40 @@
 calls. Softmax patterns go through the ops `imggen::bsa_fwd` / `imggen::bsa_bwd`, the diffuser through
 `imggen::diffuser_fwd` / `imggen::diffuser_bwd`; each has a fake (meta) implementation and the
 forward ops carry their backward via `register_autograd`, so the call works under torch.compile.
-The pattern reaches the ops as a string key into a plan registry (ops take no Python objects).
+The pattern reaches the ops as a string key into a registry (ops take no Python objects); each
+launch picks its tile configuration from kernels.tuning and the plan for those tiles (kernels.plan).
 """
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass, field
 
 import torch
+import triton
 
 from imggen.errors import ShapeError
 from imggen.patterns import Pattern
 
 from . import attention as K
-from .plan import Plan, make_plan, pick_block
+from . import tuning
+from .plan import Plan, keeps_rule, layout_block, make_plan
+from .tuning import HEAD_DIMS, Config
 
 POISON = os.environ.get("IMGGEN_KERNEL_POISON", "") == "1"  # tests: outputs start as NaN
-HEAD_DIMS = (32, 64, 128)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_PLANS: dict[str, tuple[Plan, Pattern]] = {}
+
+
+@dataclass
+class _Op:
+    pattern: Pattern
+    n: int
+    heads: int
+    lb: int                                                  # layout block (kernels.plan)
+    widths: dict = field(default_factory=dict)               # diffuser: (bm, bn) -> table width M
+
+
+_OPS: dict[str, _Op] = {}
 
 
 def _empty(shape, dtype, device):
@@ -60,6 +75,10 @@ def check_qkv(q, k, v):
     if q.shape[-1] not in HEAD_DIMS:
         raise ShapeError(f"triton sparse_attention: head dim D={q.shape[-1]} must be one of {HEAD_DIMS}; "
                          f"pad q, k, v to the next supported size or use backend='cpu'")
+    if not tuning.supported(q.shape[-1], q.dtype):
+        raise ShapeError(f"triton sparse_attention: {str(q.dtype).replace('torch.', '')} with head dim "
+                         f"{q.shape[-1]} has no kernel configuration that fits sm_90 (IEEE fp32 dots spill at "
+                         f"every tile shape; see kernels.tuning); use bfloat16/float16 or backend='flex'")
     if q.shape[2] < 1 or q.shape[0] < 1 or q.shape[1] < 1:
         raise ShapeError(f"triton sparse_attention: empty input of shape {tuple(q.shape)}")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -69,39 +88,86 @@ def check_qkv(q, k, v):
 
 
 def _plan_key(pattern: Pattern, n: int, heads: int, block: int | None, device) -> str:
-    block = pick_block(pattern, block, device)
-    key = f"{pattern!r}|n={n}|h={heads}|block={block}|{torch.device(device)}"
-    if key not in _PLANS:
-        _PLANS[key] = (make_plan(pattern, n, heads, block, str(torch.device(device))), pattern)
+    """Register (pattern, n, heads, layout block) for the ops; diffusion patterns also record the
+    table width of every A-block shape they may store (the fake implementations need it)."""
+    lb = layout_block(pattern, block)
+    key = f"{pattern!r}|n={n}|h={heads}|lb={lb}|{torch.device(device)}"
+    op = _OPS.setdefault(key, _Op(pattern, n, heads, lb))
+    if pattern.is_diffusion:
+        for c in _diffuser_tiles():
+            if (c.bm, c.bn) not in op.widths:
+                op.widths[(c.bm, c.bn)] = pattern.block_plan(n, heads, c.bm, c.bn).keys.shape[-1]
     return key
 
 
-def _launch_kw(q):
-    if interpreted():
-        return {}
-    return {"num_warps": 8 if q.shape[-1] == 128 else 4, "num_stages": 2}
+def _diffuser_tiles() -> list[Config]:
+    forced = tuning.forced_config("diffuser")
+    return [c for key, cs in tuning.CONFIGS.items() if key[0] == "diffuser" for c in cs] + ([forced] if forced else [])
+
+
+def _launch_kw(cfg: Config) -> dict:
+    return {} if interpreted() else cfg.launch()
 
 
 def _strides(*ts):
-    out = []
-    for t in ts:
-        out += [t.stride(0), t.stride(1), t.stride(2)]
-    return out
+    return [s for t in ts for s in t.stride()[:3]]
+
+
+def _config(kernel: str, op: _Op, q: torch.Tensor, launch) -> Config:
+    """Tiles for `kernel`: candidates that keep the pattern's own rule first; autotuned with
+    `launch(config)` when IMGGEN_AUTOTUNE=1 on CUDA (see kernels.tuning)."""
+    d = q.shape[-1]
+    cands = sorted(tuning.candidates(kernel, d, q.dtype), key=lambda c: not keeps_rule(op.pattern, op.lb, c.bm, c.bn))
+
+    def bench(cfg):
+        return triton.testing.do_bench(lambda: launch(cfg))
+
+    return tuning.choose(kernel, d, q.dtype, tuple(cands), key=(repr(op.pattern), op.lb, q.shape[0] * q.shape[1],
+                                                                 op.n), bench=bench)
+
+
+def _plan(op: _Op, cfg: Config, device) -> Plan:
+    return make_plan(op.pattern, op.n, op.heads, op.lb, cfg.bm, cfg.bn, str(torch.device(device)))
+
+
+def _fwd(plan: Plan, cfg: Config, q, k, v, o, lse, p, write_o: bool, write_p: bool):
+    b, h, n, d = q.shape
+    K._fwd[(plan.nqb, b * h)](
+        q, k, v, o, lse, p, plan.lay, plan.cnt, plan.rand, plan.emask, *_strides(q, k, v),
+        h, n, plan.nqb, plan.m, plan.mp, plan.hl, K.LOG2E.value / math.sqrt(d), **plan.rule_args(),
+        BM=cfg.bm, BN=cfg.bn, D=d, WRITE_O=write_o, WRITE_P=write_p, IEEE=q.dtype == torch.float32,
+        **_launch_kw(cfg))
+
+
+def _parts(plan: Plan, x: torch.Tensor):
+    """fp32 partial results of split key tiles (a dummy when no row is split)."""
+    b, h, _, d = x.shape
+    return torch.empty((b * h, plan.nparts, plan.bn, d) if plan.nparts else (1,), dtype=torch.float32,
+                       device=x.device)
+
+
+def _flush(plan: Plan, parts, out):
+    """Sum the partial results of split key tiles into `out` (a (B, H, N, D) view)."""
+    if not plan.ns:
+        return
+    b, h, n, d = out.shape
+    cfg = tuning.choose("flush", d, out.dtype, tuning.candidates("flush", d, out.dtype))
+    K._flush[(plan.ns, b * h)](parts, out, plan.flush, h, plan.hl, n, plan.ns, plan.nparts, *_strides(out),
+                               BN=plan.bn, D=d, **_launch_kw(cfg))
 
 
 # ----------------------------------------------------------------------------- softmax patterns
 @torch.library.custom_op("imggen::bsa_fwd", mutates_args=())
 def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key: str) -> tuple[torch.Tensor, torch.Tensor]:
-    plan, _ = _PLANS[key]
+    op = _OPS[key]
     b, h, n, d = q.shape
     o = _empty((b, h, n, d), q.dtype, q.device)
     lse = _empty((b, h, n), torch.float32, q.device)
-    p0, p1, p2, p3 = plan.params
-    K._fwd[(plan.nqb, b * h)](
-        q, k, v, o, lse, o, plan.lay, plan.cnt, plan.rand, *_strides(q, k, v),
-        h, n, plan.nqb, plan.m, plan.lay.shape[-1], plan.hdiff, K.LOG2E / math.sqrt(d), p0, p1, p2, p3,
-        KIND=plan.kind, R=plan.r, BLOCK=plan.block, D=d, WRITE_O=True, WRITE_P=False,
-        IEEE=q.dtype == torch.float32, **_launch_kw(q))
+
+    def launch(cfg):
+        _fwd(_plan(op, cfg, q.device), cfg, q, k, v, o, lse, lse, write_o=True, write_p=False)
+
+    launch(_config("fwd", op, q, launch))
     return o, lse
 
 
@@ -114,22 +180,37 @@ def _(q, k, v, key):
 @torch.library.custom_op("imggen::bsa_bwd", mutates_args=())
 def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
             lse: torch.Tensor, key: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    plan, _ = _PLANS[key]
+    op = _OPS[key]
     b, h, n, d = q.shape
-    do = do.contiguous()
-    delta = (do.float() * o.float()).sum(-1).contiguous()
+    do, o = do.contiguous(), o.contiguous()
+    sm2, scale, ieee = K.LOG2E.value / math.sqrt(d), 1.0 / math.sqrt(d), q.dtype == torch.float32
+    delta = _empty((b, h, n), torch.float32, q.device)
+    pre = tuning.choose("pre", d, q.dtype, tuning.candidates("pre", d, q.dtype))
+    K._bwd_pre[(triton.cdiv(n, pre.bm), b * h)](o, do, delta, n, BM=pre.bm, D=d, **_launch_kw(pre))
     dq = _empty((b, h, n, d), q.dtype, q.device)
     dk = _empty((b, h, n, d), q.dtype, q.device)
     dv = _empty((b, h, n, d), q.dtype, q.device)
-    p0, p1, p2, p3 = plan.params
-    sm2, scale = K.LOG2E / math.sqrt(d), 1.0 / math.sqrt(d)
-    common = dict(KIND=plan.kind, R=plan.r, BLOCK=plan.block, D=d, IEEE=q.dtype == torch.float32, **_launch_kw(q))
-    K._bwd_dq[(plan.nqb, b * h)](
-        q, k, v, do, lse, delta, dq, plan.lay, plan.cnt, plan.rand, *_strides(q, k, v),
-        h, n, plan.nqb, plan.lay.shape[-1], plan.hdiff, sm2, scale, p0, p1, p2, p3, **common)
-    K._bwd_dkdv[(plan.nqb, b * h)](
-        q, k, v, do, lse, delta, dk, dv, plan.tlay, plan.tcnt, plan.rand, *_strides(q, k, v),
-        h, n, plan.nqb, plan.m, plan.tlay.shape[-1], plan.hdiff, sm2, scale, p0, p1, p2, p3, **common)
+
+    def launch_dq(cfg):
+        plan = _plan(op, cfg, q.device)
+        K._bwd_dq[(plan.nqb, b * h)](
+            q, k, v, do, lse, delta, dq, plan.lay, plan.cnt, plan.rand, plan.emask, *_strides(q, k, v),
+            h, n, plan.nqb, plan.m, plan.mp, plan.hl, sm2, scale, **plan.rule_args(),
+            BM=cfg.bm, BN=cfg.bn, D=d, IEEE=ieee, **_launch_kw(cfg))
+
+    def launch_dkdv(cfg):
+        plan = _plan(op, cfg, q.device)
+        dkp, dvp = _parts(plan, q), _parts(plan, q)
+        K._bwd_dkdv[(plan.ni, b * h)](
+            q, k, v, do, lse, delta, dk, dv, dkp, dvp, plan.tlay, plan.tcnt, plan.items, plan.rand, plan.emask,
+            *_strides(q, k, v), h, n, plan.nqb, plan.nkb, plan.m, plan.mp, plan.tlay.shape[-1], plan.ni,
+            plan.nparts, plan.hl, sm2, scale, **plan.rule_args(), BM=cfg.bm, BN=cfg.bn, D=d, IEEE=ieee,
+            **_launch_kw(cfg))
+        _flush(plan, dkp, dk)
+        _flush(plan, dvp, dv)
+
+    launch_dq(_config("dq", op, q, launch_dq))
+    launch_dkdv(_config("dkdv", op, q, launch_dkdv))
     return dq, dk, dv
 
 
@@ -155,18 +236,29 @@ bsa_fwd.register_autograd(_bsa_backward, setup_context=_bsa_setup)
 
 
 # ------------------------------------------------------------------------------------ diffuser
-def _spmm(plan: Plan, p, x, y, out, c1, c2, trans: bool):
+def _diffuser(q) -> Config:
+    """The diffuser's A-block shape: one per head dim and precision (fixed before tracing)."""
+    d = q.shape[-1]
+    return tuning.choose("diffuser", d, q.dtype, tuning.candidates("diffuser", d, q.dtype))
+
+
+def _spmm(plan: Plan, cfg: Config, p, x, out, parts, c1: float, y=None, c2: float = 0.0, ky: int = 1,
+          ky_stride: int = 0, trans: bool = False):
+    """out = c1 * (A or A^T) @ x + c2 * sum of `ky` chunks of y (see kernels.attention._spmm)."""
     b, h, n, d = x.shape
-    lay, cnt = (plan.tlay, plan.tcnt) if trans else (plan.lay, plan.cnt)
-    K._spmm[(plan.nqb, b * h)](
-        p, x, y if y is not None else x, out, lay, cnt, h, n, plan.nqb, plan.m, lay.shape[-1], plan.hdiff,
-        float(c1), float(c2), TRANS=trans, HAS_Y=y is not None, BLOCK=plan.block, D=d,
-        IEEE=x.dtype == torch.float32, **_launch_kw(x))
+    yy = x if y is None else y
+    K._spmm[(plan.ni if trans else plan.nqb, b * h)](
+        p, x, yy, out, parts, plan.lay, plan.cnt, plan.tlay, plan.items, h, plan.hl, n, plan.nqb, plan.nkb,
+        plan.m, plan.tlay.shape[-1], plan.ni, plan.nparts, *_strides(x, yy), ky_stride, ky, *_strides(out),
+        float(c1), float(c2), TRANS=trans, HAS_Y=y is not None, BM=cfg.bm, BN=cfg.bn, D=d,
+        IEEE=x.dtype == torch.float32, **_launch_kw(cfg))
+    if trans:
+        _flush(plan, parts, out)
     return out
 
 
-def _p_shape(plan: Plan, b, h):
-    return (b, h, plan.nqb, plan.m, plan.block, plan.block)
+def _p_shape(op: _Op, cfg: Config, b, h):
+    return (b, h, math.ceil(op.n / cfg.bm), op.widths[(cfg.bm, cfg.bn)], cfg.bm, cfg.bn)
 
 
 def _p_dtype(dtype):
@@ -177,71 +269,75 @@ def _p_dtype(dtype):
 @torch.library.custom_op("imggen::diffuser_fwd", mutates_args=())
 def diffuser_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key: str
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (Z_steps, A blocks (B, H, nqb, M, T, T), states Z_0..Z_(steps-1) (steps, B, H, N, D))."""
-    plan, pat = _PLANS[key]
+    """-> (Z_steps, A blocks (B, H, nqb, M, BM, BN), states Z_0..Z_(steps-1) (B, H, N, steps, D))."""
+    op = _OPS[key]
+    pat = op.pattern
     b, h, n, d = q.shape
-    p = _empty(_p_shape(plan, b, h), _p_dtype(q.dtype), q.device)
+    cfg = _diffuser(q)
+    plan = _plan(op, cfg, q.device)
+    p = _empty(_p_shape(op, cfg, b, h), _p_dtype(q.dtype), q.device)
     lse = _empty((b, h, n), torch.float32, q.device)
-    p0, p1, p2, p3 = plan.params
-    K._fwd[(plan.nqb, b * h)](
-        q, k, v, lse, lse, p, plan.lay, plan.cnt, plan.rand, *_strides(q, k, v),
-        h, n, plan.nqb, plan.m, plan.lay.shape[-1], plan.hdiff, K.LOG2E / math.sqrt(d), p0, p1, p2, p3,
-        KIND=plan.kind, R=plan.r, BLOCK=plan.block, D=d, WRITE_O=False, WRITE_P=True,
-        IEEE=q.dtype == torch.float32, **_launch_kw(q))
+    _fwd(plan, cfg, q, k, v, lse, lse, p, write_o=False, write_p=True)
     steps, a = pat.steps, pat.alpha
-    zs = _empty((steps, b, h, n, d), q.dtype, q.device)
-    zs[0].copy_(v)
+    zs = _empty((b, h, n, steps, d), q.dtype, q.device)
+    zs[:, :, :, 0].copy_(v)
     z = _empty((b, h, n, d), q.dtype, q.device)
     for s in range(1, steps + 1):
-        _spmm(plan, p, zs[s - 1], zs[0], zs[s] if s < steps else z, 1.0 - a, a, trans=False)
+        _spmm(plan, cfg, p, zs[:, :, :, s - 1], zs[:, :, :, s] if s < steps else z, None, 1.0 - a, y=v, c2=a)
     return z, p, zs
 
 
 @diffuser_fwd.register_fake
 def _(q, k, v, key):
-    plan, pat = _PLANS[key]
+    op = _OPS[key]
     b, h, n, d = q.shape
+    cfg = _diffuser(q)
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
-            q.new_empty(_p_shape(plan, b, h), dtype=_p_dtype(q.dtype)), q.new_empty((pat.steps, b, h, n, d)))
+            q.new_empty(_p_shape(op, cfg, b, h), dtype=_p_dtype(q.dtype)), q.new_empty((b, h, n, op.pattern.steps, d)))
 
 
 @torch.library.custom_op("imggen::diffuser_bwd", mutates_args=())
-def diffuser_bwd(dz: torch.Tensor, q: torch.Tensor, k: torch.Tensor, p: torch.Tensor, zs: torch.Tensor,
-                 key: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    plan, pat = _PLANS[key]
+def diffuser_bwd(dz: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, z: torch.Tensor,
+                 p: torch.Tensor, zs: torch.Tensor, key: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    op = _OPS[key]
     b, h, n, d = q.shape
-    steps, a = pat.steps, pat.alpha
-    g = _empty((steps, b, h, n, d), q.dtype, q.device)  # g[s] = dL/dZ_(s+1)
-    g[steps - 1].copy_(dz)
+    steps, a = op.pattern.steps, op.pattern.alpha
+    cfg = _diffuser(q)
+    plan = _plan(op, cfg, q.device)
+    parts = _parts(plan, q)
+    g = _empty((b, h, n, steps, d), q.dtype, q.device)  # g[.., s, :] = dL/dZ_(s+1)
+    g[:, :, :, steps - 1].copy_(dz)
     for s in range(steps - 1, 0, -1):
-        _spmm(plan, p, g[s], None, g[s - 1], 1.0 - a, 0.0, trans=True)
-    dz0 = _spmm(plan, p, g[0], None, _empty((b, h, n, d), q.dtype, q.device), 1.0 - a, 0.0, trans=True)
-    dv = (a * torch.sum(g, 0, dtype=torch.float32) + dz0.float()).to(q.dtype)
+        _spmm(plan, cfg, p, g[:, :, :, s], g[:, :, :, s - 1], parts, 1.0 - a, trans=True)
+    # dV = (1 - a) A^T G_0 + a sum_s G_s
+    dv = _spmm(plan, cfg, p, g[:, :, :, 0], _empty((b, h, n, d), q.dtype, q.device), parts, 1.0 - a,
+               y=g[:, :, :, 0], c2=a, ky=steps, ky_stride=g.stride(3), trans=True)
     ds = _empty(p.shape, p.dtype, q.device)
-    K._diff_ds[(plan.nqb, b * h)](
-        p, g, zs, ds, plan.lay, plan.cnt, h, n, plan.nqb, plan.m, plan.lay.shape[-1], plan.hdiff,
-        steps, b * h * n * d, 1.0 - a, BLOCK=plan.block, D=d, IEEE=q.dtype == torch.float32, **_launch_kw(q))
+    dq = _empty((b, h, n, d), q.dtype, q.device)
     scale = 1.0 / math.sqrt(d)
-    dq = _spmm(plan, ds, k.contiguous(), None, _empty((b, h, n, d), q.dtype, q.device), scale, 0.0, trans=False)
-    dk = _spmm(plan, ds, q.contiguous(), None, _empty((b, h, n, d), q.dtype, q.device), scale, 0.0, trans=True)
+    K._diff_ds[(plan.nqb, b * h)](
+        p, ds, g, zs, z.contiguous(), v, k, dq, plan.lay, plan.cnt, h, plan.hl, n, plan.nqb, plan.m, steps,
+        *_strides(v, k), 1.0 - a, a, scale, BM=cfg.bm, BN=cfg.bn, D=d, IEEE=q.dtype == torch.float32,
+        **_launch_kw(cfg))
+    dk = _spmm(plan, cfg, ds, q, _empty((b, h, n, d), q.dtype, q.device), parts, scale, trans=True)
     return dq, dk, dv
 
 
 @diffuser_bwd.register_fake
-def _(dz, q, k, p, zs, key):
+def _(dz, q, k, v, z, p, zs, key):
     return tuple(torch.empty_like(q, memory_format=torch.contiguous_format) for _ in range(3))
 
 
 def _diff_setup(ctx, inputs, output):
     q, k, v, key = inputs
-    _, p, zs = output
-    ctx.save_for_backward(q, k, p, zs)
+    z, p, zs = output
+    ctx.save_for_backward(q, k, v, z, p, zs)
     ctx.key = key
 
 
 def _diff_backward(ctx, dz, dp, dzs):
-    q, k, p, zs = ctx.saved_tensors
-    dq, dk, dv = diffuser_bwd(dz.contiguous(), q, k, p, zs, ctx.key)
+    q, k, v, z, p, zs = ctx.saved_tensors
+    dq, dk, dv = diffuser_bwd(dz.contiguous(), q, k, v, z, p, zs, ctx.key)
     return dq, dk, dv, None
 
 
@@ -250,10 +346,12 @@ diffuser_fwd.register_autograd(_diff_backward, setup_context=_diff_setup)
 
 # ------------------------------------------------------------------------------------ entry point
 def sparse_attention(q, k, v, pattern: Pattern, block: int | None = None) -> torch.Tensor:
-    """Block-sparse attention with the semantics of imggen.sparse_attention.reference_attention.
+    """Block-sparse attention with the semantics of imggen.attention.reference_attention.
 
     q, k, v: (B, H, N, D) float32/float16/bfloat16, D in {32, 64, 128}, last dim contiguous.
-    `block`: tile size (16/32/64/128; bigbird and diffuser tile by their own `block`).
+    `block`: the layout block handed to `pattern.kernel_spec` (16/32/64/128; default: the largest
+    size with an arithmetic rule, e.g. bigbird's own block). Kernel tiles come from kernels.tuning.
+    Patterns with head groups (strided) are split by imggen.attention before they get here.
     """
     if not isinstance(pattern, Pattern):
         raise TypeError(f"pattern must come from imggen.make_pattern, got {type(pattern).__name__}")

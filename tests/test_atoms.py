@@ -18,6 +18,7 @@ def fixed50():
     return random.Random(0).sample(M.read_smiles(M.SAMPLE), 50)
 
 
+@pytest.mark.slow
 def test_calibration_500px_reads_back(fixed50):
     r = A.calibrate(fixed50, 500, 500, style=M.STYLES["osra500"])
     print(f"\nOSRA ceiling 500x500 (osra500): {r}")
@@ -26,6 +27,7 @@ def test_calibration_500px_reads_back(fixed50):
     assert r["sanitises"] >= 0.9 and r["bond_type_agreement"] >= 0.9
 
 
+@pytest.mark.slow
 def test_ceiling_128_is_a_fraction(fixed50):
     r = A.calibrate(fixed50, 128, 128)
     print(f"\nOSRA ceiling 128x128 (mol128): {r}")
@@ -125,6 +127,7 @@ GREY_SET = ["Cc1cc(C)n(-c2ncnc3sc4c(c23)CC(C)CC4)n1", "CC(=O)Nc1ccc(NC(=O)CSc2cc
             "O=C(Nc1ccc(Cl)c(Cl)c1)N1CCC(O)CC1", "Cc1cc(OCC(=O)Nc2nnn(C)n2)ccc1Cl"]
 
 
+@pytest.mark.slow
 def test_grey_drawings_read_like_the_colour_pngs(tmp_path):
     from PIL import Image
     colour = np.stack([A.draw_default(s, 500) for s in GREY_SET])

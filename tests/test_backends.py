@@ -112,6 +112,7 @@ def _cli(args, env):
                           env={**os.environ, "OMP_NUM_THREADS": "1", "IMGGEN_BACKEND": env})
 
 
+@pytest.mark.slow
 def test_clis_honour_imggen_backend(tmp_path):
     small = ["--preset", "brats", "--data", "brats-demo", "--model.height", "8", "--model.width", "8",
              "--model.dim", "16", "--model.layers", "1", "--model.heads", "2", "--attention", "band",

@@ -109,6 +109,7 @@ def test_clear_errors():
         model(context="none").make_context(images, masks)
 
 
+@pytest.mark.slow
 def test_inpaint_task_end_to_end_with_folder_images(tmp_path):
     from PIL import Image
     rng = np.random.default_rng(0)

@@ -37,6 +37,7 @@ def dry_run(tmp_path_factory):
     return r, out, time.time() - t
 
 
+@pytest.mark.slow
 def test_dry_run_writes_everything(dry_run):
     r, out, took = dry_run
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
@@ -50,6 +51,7 @@ def test_dry_run_writes_everything(dry_run):
     assert took < 150, f"dry run took {took:.0f} s"
 
 
+@pytest.mark.slow
 def test_dry_run_rows_and_targets(dry_run):
     _, out, _ = dry_run
     res = json.loads((out / "gpu_check.json").read_text())
@@ -81,6 +83,7 @@ def test_dry_run_rows_and_targets(dry_run):
     assert "DRY RUN" in md and "## Training smoke" in md and "## Kernel breakdown" in md
 
 
+@pytest.mark.slow
 def test_dry_run_exception_is_captured(dry_run):
     _, out, _ = dry_run
     res = json.loads((out / "gpu_check.json").read_text())

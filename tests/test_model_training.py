@@ -254,6 +254,7 @@ def test_cli_bad_flag_is_one_line_exit_2(argv, msg):
     assert msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_torchrun_ddp_matches_single_process(tmp_path):
     """Two gloo processes with half the batch each end at the weights of one process."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

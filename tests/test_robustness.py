@@ -32,6 +32,7 @@ def _steps(run):
     return [json.loads(line)["step"] for line in open(os.path.join(run, "log.jsonl")) if "train_bpd" in line]
 
 
+@pytest.mark.slow
 def test_sigint_saves_and_resume_continues(tmp_path):
     run = str(tmp_path / "run")
     proc = subprocess.Popen([sys.executable, "train.py", *SMALL, "--steps", "100000", "--out", run], cwd=REPO,
@@ -61,6 +62,7 @@ def test_resume_without_checkpoint_is_one_line(tmp_path):
     assert r.returncode == 2 and "holds no checkpoint" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_resume_drops_log_rows_after_the_checkpoint(tmp_path):
     run = str(tmp_path / "run")
     assert _train(["--steps", "4", "--out", run, "--train.ckpt_every", "2"]).returncode == 0
@@ -120,6 +122,7 @@ def test_activation_checkpointing_gives_the_same_step():
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_is_in_the_config(tmp_path):
     run = str(tmp_path / "ac")
     assert _train(["--steps", "2", "--out", run, "--train.activation_checkpointing", "true"]).returncode == 0
@@ -152,3 +155,29 @@ def test_fused_layernorm_blocks_match_pytorch():
     new = torch.autograd.grad(loss(ln_linear(x, ln, lin), ln_mlp(x, ln, fc1, fc2)), params)
     for a, b in zip(ref, new):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+def test_thread_governor_drops_to_one_thread_while_others_are_busy(monkeypatch, capsys):
+    import imggen.threads as T
+    old = torch.get_num_threads()
+    monkeypatch.setattr(T, "CHECK_S", 0.0)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert T.runnable_others(samples=2) is not None  # /proc is readable here
+    busy = iter([2.0, 0.0, 2.0])
+    monkeypatch.setattr(T, "runnable_others", lambda: next(busy))
+    try:
+        gov = T.Governor(None)
+        gov.cores = 2
+        gov.tick()
+        assert torch.get_num_threads() == 1
+        gov.tick()
+        assert torch.get_num_threads() == 2
+        gov.tick()
+        assert torch.get_num_threads() == 1
+        assert capsys.readouterr().out.count("note: other processes") == 1  # said once
+        fixed = T.set_threads(2, "train")
+        fixed.tick()
+        assert torch.get_num_threads() == 2 and fixed.fixed
+        assert T.set_threads(None, "sample") and torch.get_num_threads() == T.DECODE_THREADS
+    finally:
+        torch.set_num_threads(old)

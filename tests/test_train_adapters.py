@@ -32,6 +32,7 @@ def run_train(args, out):
     return imggen.load_model(str(out))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["brats-demo", "molecules", "cifar", "folder"])
 def test_train_each_adapter_end_to_end(kind, tmp_path):
     if kind == "brats-demo":
