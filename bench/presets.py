@@ -50,6 +50,17 @@ def _policy(repo: str, kind: str):
     return None
 
 
+def _train_step(model, opt, x) -> None:
+    """Forward, loss, backward, AdamW: the same in every checkout (no imggen training API needed)."""
+    import torch
+
+    logits = model(x)
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
 def worker_grid(repo: str, preset: str) -> dict:
     import torch
     from imggen.config import preset as get
@@ -83,11 +94,7 @@ def worker_memory(repo: str, preset: str, checkpointing: bool) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(0, cfg.model.vocab, (cfg.train.batch_size, cfg.model.seq_len))
     t0 = time.perf_counter()
-    logits = model(x)
-    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1))
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
+    _train_step(model, opt, x)
     return {"peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "step_s": time.perf_counter() - t0,
             "batch": cfg.train.batch_size, "threads": torch.get_num_threads()}
 
@@ -111,11 +118,7 @@ def worker_demo(repo: str) -> dict:
         if gov is not None:
             gov.tick()
         t0 = time.perf_counter()
-        logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        _train_step(model, opt, x)
         steps.append(time.perf_counter() - t0)
     train_threads = torch.get_num_threads()
     _policy(repo, "sample")
@@ -150,6 +153,8 @@ def shared(repo: str) -> dict:
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=repo)
         try:
             time.sleep(20)  # the other training is past its data loading and busy
+            if other.poll() is not None:
+                return {"alone": alone, "beside": {"error": f"the second training exited ({other.returncode})"}}
             beside = run_worker(repo, "demo")
         finally:
             other.kill()

@@ -112,6 +112,15 @@ def _rule(i, j, N, rnd, em, R, WINDOW, WIDTH, CHANNELS, RADIUS, SHIFT, GLOBAL, S
         ok = causal
     return ok
 
+@triton.jit
+def _masked(scores, i, j, N, rnd, em, R, WINDOW, WIDTH, CHANNELS, RADIUS, SHIFT, GLOBAL, STRIDE,
+            MASKED: tl.constexpr, RULE: tl.constexpr):
+    """Scores of pairs outside the pattern -> -inf; full tiles (MASKED=False) skip the rule entirely."""
+    if MASKED:
+        scores = tl.where(_rule(i, j, N, rnd, em, R, WINDOW, WIDTH, CHANNELS, RADIUS, SHIFT, GLOBAL, STRIDE, RULE),
+                          scores, float("-inf"))
+    return scores
+
 
 @triton.jit
 def _random_keys(rand, row0, N, LB, R):
@@ -212,11 +221,9 @@ def _fwd_tiles(m_i, l_i, acc, q, kp, vp, skn, svn, lay, em, rows, lo, hi, N, sm2
         cols = _key_tile(s, lay, LAYOUT) * BN + cols0
         k = _rows(kp, cols, skn, N, D, MASKED)
         qk = _dot(q, tl.trans(k), IEEE)
-        if MASKED:
-            ok = _rule(rows[:, None], cols[None, :], N, rnd,
-                       em + s * BM * BN + tl.arange(0, BM)[:, None] * BN + cols0[None, :],
-                       R, WINDOW, WIDTH, CHANNELS, RADIUS, SHIFT, GLOBAL, STRIDE, RULE)
-            qk = tl.where(ok, qk, float("-inf"))
+        qk = _masked(qk, rows[:, None], cols[None, :], N, rnd,
+                     em + s * BM * BN + tl.arange(0, BM)[:, None] * BN + cols0[None, :],
+                     R, WINDOW, WIDTH, CHANNELS, RADIUS, SHIFT, GLOBAL, STRIDE, MASKED, RULE)
         m_new = tl.maximum(m_i, tl.max(qk, 1) * sm2)
         p = tl.math.exp2(qk * sm2 - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
@@ -239,10 +246,8 @@ def _store_p(pb, q, kp, skn, lse, lay, em, rows, lo, hi, N, sm2, rnd,
     for s in range(lo, hi):
         cols = _key_tile(s, lay, LAYOUT) * BN + cols0
         qk = _dot(q, tl.trans(_rows(kp, cols, skn, N, D, MASKED)), IEEE)
-        if MASKED:
-            ok = _rule(rows[:, None], cols[None, :], N, rnd, em + s * BM * BN + tile,
-                       R, WINDOW, WIDTH, CHANNELS, RADIUS, SHIFT, GLOBAL, STRIDE, RULE)
-            qk = tl.where(ok, qk, float("-inf"))
+        qk = _masked(qk, rows[:, None], cols[None, :], N, rnd, em + s * BM * BN + tile,
+                     R, WINDOW, WIDTH, CHANNELS, RADIUS, SHIFT, GLOBAL, STRIDE, MASKED, RULE)
         p = tl.math.exp2(qk * sm2 - lse[:, None])
         tl.store(pb + s * BM * BN + tile, p.to(pb.dtype.element_ty))
 
@@ -309,11 +314,9 @@ def _dq_tiles(dq, q, do, lse, delta, kp, vp, skn, svn, lay, em, rows, lo, hi, N,
         k = _rows(kp, cols, skn, N, D, MASKED)
         v = _rows(vp, cols, svn, N, D, MASKED)
         qk = _dot(q, tl.trans(k), IEEE)
-        if MASKED:
-            ok = _rule(rows[:, None], cols[None, :], N, rnd,
-                       em + s * BM * BN + tl.arange(0, BM)[:, None] * BN + cols0[None, :],
-                       R, WINDOW, WIDTH, CHANNELS, RADIUS, SHIFT, GLOBAL, STRIDE, RULE)
-            qk = tl.where(ok, qk, float("-inf"))
+        qk = _masked(qk, rows[:, None], cols[None, :], N, rnd,
+                     em + s * BM * BN + tl.arange(0, BM)[:, None] * BN + cols0[None, :],
+                     R, WINDOW, WIDTH, CHANNELS, RADIUS, SHIFT, GLOBAL, STRIDE, MASKED, RULE)
         p = tl.math.exp2(qk * sm2 - lse[:, None])
         ds = p * (_dot(do, tl.trans(v), IEEE) - delta[:, None])
         dq += _dot(ds.to(k.dtype), k, IEEE)
@@ -374,11 +377,9 @@ def _dkdv_tiles(dk, dv, k, v, qp, sqn, dop, lsep, deltap, tlay, emask, cols, lo,
         lse = _vec(lsep, rows, N, float("inf"), MASKED)
         delta = _vec(deltap, rows, N, 0.0, MASKED)
         st = _dot(k, tl.trans(q), IEEE)  # (keys, queries)
-        if MASKED:
-            ok = _rule(rows[None, :], cols[:, None], N, rnd,
-                       emask + slot * BM * BN + rows0[None, :] * BN + tl.arange(0, BN)[:, None],
-                       R, WINDOW, WIDTH, CHANNELS, RADIUS, SHIFT, GLOBAL, STRIDE, RULE)
-            st = tl.where(ok, st, float("-inf"))
+        st = _masked(st, rows[None, :], cols[:, None], N, rnd,
+                     emask + slot * BM * BN + rows0[None, :] * BN + tl.arange(0, BN)[:, None],
+                     R, WINDOW, WIDTH, CHANNELS, RADIUS, SHIFT, GLOBAL, STRIDE, MASKED, RULE)
         pt = tl.math.exp2(st * sm2 - lse[None, :])
         dv += _dot(pt.to(do.dtype), do, IEEE)
         dst = pt * (_dot(v, tl.trans(do), IEEE) - delta[None, :])
