@@ -5,6 +5,6 @@ Tile configurations live in `kernels.tuning` (IMGGEN_AUTOTUNE=1 times them on CU
 them is compiled for sm_90 without a GPU by `python -m imggen.kernels.aot_check --json`.
 """
 from .decode import decode_attention, decode_attention_reference
-from .sparse import sparse_attention
+from .sparse_ops import sparse_attention
 
 __all__ = ["sparse_attention", "decode_attention", "decode_attention_reference"]

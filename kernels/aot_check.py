@@ -69,7 +69,7 @@ QUICK_KINDS = [(KernelRule.BAND, KernelLayout.BAND), (KernelRule.LOCAL2D, Kernel
 
 
 def variants(quick: bool = False) -> list[Variant]:
-    """Every kernel variant the launchers in kernels.sparse / kernels.decode can launch (quick: the
+    """Every kernel variant the launchers in kernels.sparse_ops / kernels.decode can launch (quick: the
     default configuration of each kernel at D=64 in bf16 and fp32, band and local2d kinds)."""
     out = []
     for (kernel, d, prec), configs in tuning.CONFIGS.items():
@@ -114,8 +114,8 @@ def _variants_of(kernel: str, d: int, dt: str, prec: str, cfg: Config, quick: bo
 
 
 def _function(name: str):
-    from . import attention, decode
-    return getattr(attention, name, None) or getattr(decode, name)
+    from . import decode, sparse_kernels
+    return getattr(sparse_kernels, name, None) or getattr(decode, name)
 
 
 def _ptxas_stats(ptx: str, arch: int) -> dict:

@@ -18,7 +18,7 @@ import triton.language as tl
 from imggen.errors import ShapeError
 
 from . import tuning
-from .attention import LOG2E
+from .sparse_kernels import LOG2E
 
 COMBINE_CHUNK = 16  # splits merged per step of the combine kernel
 
@@ -49,7 +49,7 @@ def _check(q, k, v, bias, need_kernel=True):
         raise ShapeError(f"decode_attention: tensors on different devices {q.device}, {k.device}, {v.device}, "
                          f"{bias.device}")
     if need_kernel:
-        from .sparse import DTYPES, HEAD_DIMS, check_device
+        from .sparse_ops import DTYPES, HEAD_DIMS, check_device
         if q.dtype not in DTYPES:
             raise ShapeError(f"decode_attention: dtype {q.dtype} not supported; use float32, float16 or bfloat16")
         if d not in HEAD_DIMS:
@@ -127,7 +127,7 @@ def _splits(bh: int, length: int, bl: int, sms: int) -> tuple[int, int]:
 def decode_attention(q, k_cache, v_cache, key_bias):
     """Triton flash-decoding; see the module docstring. Same result as decode_attention_reference."""
     _check(q, k_cache, v_cache, key_bias)
-    from .sparse import _empty, interpreted
+    from .sparse_ops import _empty, interpreted
     b, h, l, d = k_cache.shape
     bias = key_bias.float().expand(b, h, l)  # one compiled variant: the bias is read as fp32
     sms = 132 if interpreted() else torch.cuda.get_device_properties(q.device).multi_processor_count

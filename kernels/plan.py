@@ -65,7 +65,7 @@ class Plan:
     emask: torch.Tensor      # (HL, nqb, MP, bm, bn) int8
 
     def rule_args(self) -> dict:
-        """The spec's named parameters as kernel arguments (see kernels.attention._rule)."""
+        """The spec's named parameters as kernel arguments (see kernels.sparse_kernels._rule)."""
         s = self.spec
         return dict(LB=self.lb, R=s.random_keys, RSH=self.rand.stride(0), WINDOW=s.window, WIDTH=s.width,
                     CHANNELS=s.channels, RADIUS=s.radius, SHIFT=s.shift, GLOBAL=s.global_tokens, STRIDE=s.stride,

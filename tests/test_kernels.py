@@ -20,7 +20,7 @@ from imggen.patterns import KernelRule
 
 kernels = pytest.importorskip("imggen.kernels")
 from imggen.kernels import plan as kplan  # noqa: E402
-from imggen.kernels import sparse as ksparse  # noqa: E402
+from imggen.kernels import sparse_ops as ksparse  # noqa: E402
 from imggen.kernels import tuning  # noqa: E402
 from imggen.kernels.plan import keeps_rule, layout_block, make_plan  # noqa: E402
 

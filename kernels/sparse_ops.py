@@ -19,7 +19,7 @@ import triton
 from imggen.errors import ShapeError
 from imggen.patterns import Pattern
 
-from . import attention as K
+from . import sparse_kernels as K
 from . import tuning
 from .plan import Plan, keeps_rule, layout_block, make_plan
 from .tuning import HEAD_DIMS, Config
@@ -244,7 +244,7 @@ def _diffuser(q) -> Config:
 
 def _spmm(plan: Plan, cfg: Config, p, x, out, parts, c1: float, y=None, c2: float = 0.0, ky: int = 1,
           ky_stride: int = 0, trans: bool = False):
-    """out = c1 * (A or A^T) @ x + c2 * sum of `ky` chunks of y (see kernels.attention._spmm)."""
+    """out = c1 * (A or A^T) @ x + c2 * sum of `ky` chunks of y (see kernels.sparse_kernels._spmm)."""
     b, h, n, d = x.shape
     yy = x if y is None else y
     K._spmm[(plan.ni if trans else plan.nqb, b * h)](
