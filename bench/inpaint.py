@@ -53,7 +53,7 @@ def scores(filled: np.ndarray, truth: np.ndarray, masks: np.ndarray, seconds: fl
 def budget(run) -> str:
     """Steps, wall time and throughput of a run, from its config and log."""
     log = read_log(run.run_dir)
-    tps = [r["tokens_per_s"] for r in log if "tokens_per_s" in r]
+    tps = [r["tokens_per_s"] for r in log if "tokens_per_s" in r and r["step"] <= run.step]  # up to this checkpoint
     cfg = run.cfg
     secs = sum(cfg.train.batch_size * cfg.model.seq_len * cfg.train.log_every / t for t in tps) if tps else None
     m = cfg.model
@@ -122,6 +122,15 @@ def main(argv=None) -> int:
     for name, r in methods.items():
         lines.append(f"| {name} | {r['psnr']:.2f} ({r['psnr_ci'][0]:.2f}-{r['psnr_ci'][1]:.2f}) | {r['ssim']:.4f} "
                      f"({r['ssim_ci'][0]:.4f}-{r['ssim_ci'][1]:.4f}) | {r['s_per_image']:.2f} |")
+    ctx = methods[f"context, mean of {args.samples}"]
+    lines += ["", "Paired per-image differences (context mean minus the other; 95% bootstrap interval; share of "
+              "images where the context mean is better):", ""]
+    for name in list(methods)[:2]:
+        for metric in ("psnr", "ssim"):
+            d = np.array(ctx[f"per_image_{metric}"]) - np.array(methods[name][f"per_image_{metric}"])
+            lo, hi = bootstrap_ci(d, 1000, args.seed)
+            lines.append(f"- vs {name}, {metric.upper()}: {d.mean():+.4g} ({lo:+.4g} to {hi:+.4g}), "
+                         f"better on {(d > 0).mean():.0%}")
     lines += ["", f"- unconditional model: {budget(unc_run)} ({unc_run.path})",
               f"- context model: {budget(ctx_run)} ({ctx_run.path})",
               "", "Grid (inpaint_grid.png), per image: voided | " + " | ".join(methods) + " | truth"]

@@ -38,9 +38,13 @@ def block_mask(pattern: Pattern, n: int, heads: int, device: str):
     keys, full = plan.keys, plan.full
     valid = keys >= 0
 
+    blocks = -(-n // BLOCK)
+
     def table(sel):  # key blocks where sel, moved to the front of each row
         order = torch.sort((~sel).to(torch.int8), dim=-1, stable=True).indices
         idx = torch.gather(keys.clamp(min=0), -1, order)
+        # FlexAttention wants one column per key block (the plan keeps only as many as a row reads)
+        idx = torch.nn.functional.pad(idx, (0, blocks - idx.shape[-1]))
         return sel.sum(-1).to(torch.int32)[None].to(device), idx.to(torch.int32)[None].to(device)
 
     tables = {k: t.to(device) for k, t in pattern.lookup_tables(n, keys.shape[0]).items()}

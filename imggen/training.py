@@ -195,6 +195,7 @@ class Run:
     step: int = 0
     last_good: str | None = None
     metrics: dict = field(default_factory=dict)
+    progress: bool = True  # progress bars (train.py --no-progress turns all of them off)
 
     @property
     def main(self) -> bool:
@@ -296,6 +297,7 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
     """Train `cfg` into run directory `out`. Returns final metrics. `data` = pre-tokenised splits;
     `governor` (imggen.threads) adapts the CPU thread count as other processes come and go."""
     run = setup(cfg, out, resume, overwrite, device, data)
+    run.progress = progress
     t = cfg.train
     net = torch.nn.parallel.DistributedDataParallel(run.model) if run.world > 1 else run.model
     logger = Logger(out, run.main, run.step)
@@ -398,10 +400,11 @@ def sample_grid(run: Run, num: int) -> str:
         test = run.splits["test"][:num]
         masks = eval_masks(cfg.train.seed, "test", len(test), run.splits.get("test_masks"), m.height, m.width)
         images = detokenize_tokens(test.long(), m.bits, m.shape)
-        filled, _ = inpaint_images(model, images, torch.from_numpy(masks), seed=cfg.train.seed, progress=True)
+        filled, _ = inpaint_images(model, images, torch.from_numpy(masks), seed=cfg.train.seed,
+                                  progress=run.progress)
         imgs, nrow = triplets(images.numpy(), masks[:, None], filled[:, 0].numpy()), 3
     else:
-        imgs, nrow = detokenize(model, sample(model, num, seed=cfg.train.seed, progress=True)).numpy(), None
+        imgs, nrow = detokenize(model, sample(model, num, seed=cfg.train.seed, progress=run.progress)).numpy(), None
     model.train()
     path = os.path.join(run.out, "samples", f"step_{run.step:07d}.png")
     scale = image_scale(cfg.model.width)

@@ -34,6 +34,17 @@ def test_flex_forward_equals_reference(kind):
     assert (got.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
+def test_flex_when_rows_read_fewer_blocks_than_there_are():
+    """A band over many blocks: the plan lists 2 key blocks per row, FlexAttention wants one column per
+    key block (its CPU lowering refused the short table at N=4096)."""
+    p = imggen.make_pattern("band", window=20)
+    q, k, v = (torch.randn(1, 1, 700, 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    with torch.no_grad():
+        got = imggen.sparse_attention(q, k, v, p, backend="flex")
+    ref = imggen.sparse_attention(q.double(), k.double(), v.double(), p, backend="reference")
+    assert (got.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
 def test_flex_block_mask_matches_the_pattern():
     """The BlockMask's blocks cover the mask exactly; its full blocks need no mask_mod."""
     from imggen.flex import block_mask
