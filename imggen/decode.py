@@ -11,7 +11,8 @@ preallocated slots updated in place; `positions[slot]` records which token posit
   - "all": one slot per position (full, column heads); `keep_all=True` gives any pattern this
     full-cache baseline with the same code;
 * what query t reads: every held slot when all are readable (a band ring); else a `ReadPlan`
-  computed from `pattern.allowed` for the next PLAN_STEPS steps at once: the exact readable slots,
+  computed from `pattern.allowed` for the next steps at once (as many as fit in the bytes of the
+  cache's own k and v, at most PLAN_STEPS): the exact readable slots,
   gathered (local2d reads ~(r+1)(2r+1) of its r*W+r+1 slots; column heads their column), or all
   slots under a mask; `pattern.read_mask` per step only for the keep-all baseline;
 * head groups (strided): one cache per group of heads.
@@ -137,7 +138,8 @@ class ReadPlan:
 
 
 GATHER_FRACTION = 0.5   # gather the readable slots when they are at most this part of the cache
-PLAN_STEPS = 1024       # steps per read plan: its memory is bounded, whatever the image size
+PLAN_STEPS = 1024       # steps per read plan at most: its memory is bounded, whatever the image size
+MIN_PLAN_STEPS = 16     # ... and at least (unless PLAN_STEPS is smaller)
 
 
 def read_plan(pattern: Pattern, n: int, heads: int, plan: SlotPlan, t0: int, t1: int, tables) -> ReadPlan:
@@ -179,6 +181,10 @@ class Cache:
         self.unmasked = self.policy == "ring" and band is not None and band.period == 1 and cap <= band.width
         self.planned = not (self.unmasked or keep_all)  # read plans (else: all slots, or masks per step)
         self.reads: ReadPlan | None = None
+        # a read plan costs up to (index + bias) bytes per step, head table and slot: hold no more
+        # steps than fit in the bytes of k and v, so the plan never outweighs the cache it reads
+        per_step = pattern.head_count(heads) * cap * (8 + self.k.element_size())
+        self.plan_steps = min(PLAN_STEPS, max(MIN_PLAN_STEPS, 2 * self.k.numel() * self.k.element_size() // per_step))
         self.debug = DEBUG
         if self.debug:
             self._true_last = true_last_reads(pattern, n, heads)
@@ -188,12 +194,12 @@ class Cache:
 
     def nbytes(self) -> int:
         """k, v (+ z) and positions buffers, the slot plan (8 bytes per position and table, interval
-        plans) and one read plan (the first PLAN_STEPS steps)."""
+        plans) and one read plan (the first `plan_steps` steps)."""
         bufs = [self.k, self.v, self.positions] + ([self.z] if self.z is not None else [])
         plan = 0 if self.policy != "interval" else 3 * self.n * 8
         reads = 0
         if self.planned:
-            reads = read_plan(self.pattern, self.n, self.heads, self.plan, 0, min(self.n, PLAN_STEPS),
+            reads = read_plan(self.pattern, self.n, self.heads, self.plan, 0, min(self.n, self.plan_steps),
                               self.tables).nbytes()
         return sum(b.numel() * b.element_size() for b in bufs) + plan + reads
 
@@ -232,7 +238,7 @@ class Cache:
             return (lambda x: x[:, :, :hi]), self._per_head(self.key_bias(t, hi))
         r = self.reads
         if r is None or not r.t0 <= t < r.t1:
-            r = self.reads = read_plan(self.pattern, self.n, self.heads, self.plan, t, min(self.n, t + PLAN_STEPS),
+            r = self.reads = read_plan(self.pattern, self.n, self.heads, self.plan, t, min(self.n, t + self.plan_steps),
                                        self.tables)
             r = self.reads = ReadPlan(r.t0, r.t1, None if r.index is None else r.index.to(self.k.device),
                                       r.bias.to(self.k.device, self.k.dtype))
