@@ -11,8 +11,9 @@ pattern's odd heads) run as dense attention down each column.
 
 Softmax patterns keep the output and the per-row log-sum-exp; the backward recomputes each
 chunk's probabilities (flash-attention style), so attention memory is O(N * D) per slice plus one
-chunk of scores. Work runs in chunks of (slices, query blocks) holding about as many scores as
-q holds elements (16M at most): a few large batched matmuls per layer, not one per slice.
+chunk of scores. Work runs in chunks of (slices, query blocks) holding about a quarter as many
+scores as q holds elements (256K to 4M): a few large batched matmuls per layer, not one per slice,
+and the backward's few chunk-sized temporaries stay small beside q, k, v and their gradients.
 The diffuser keeps A (O(N * span)) and its K states: its backward reuses them K times.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from imggen.patterns import Pattern
 
 DEFAULT_BLOCK = 64
-_MIN_CHUNK, _MAX_CHUNK = 1 << 20, 1 << 24  # scores per chunk
+_MIN_CHUNK, _MAX_CHUNK = 1 << 18, 1 << 22  # scores per chunk
 
 
 class Windows:
@@ -76,7 +77,7 @@ class Windows:
     def chunks(self, slices: int, d: int) -> list[tuple[int, int, int, int]]:
         """(c0, c1, q0, q1): slices [c0, c1) x query blocks [q0, q1), whole slices or part of one,
         each holding about one chunk of scores."""
-        limit = min(_MAX_CHUNK, max(_MIN_CHUNK, slices * self.nqb * self.block * d))
+        limit = min(_MAX_CHUNK, max(_MIN_CHUNK, slices * self.nqb * self.block * d // 4))
         per_slice = self.nqb * self.block * self.span
         if per_slice <= limit:
             step = max(1, limit // per_slice)

@@ -1,5 +1,8 @@
 """Pattern definitions and the cpu backend against the dense reference."""
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -169,3 +172,24 @@ def test_cpu_bf16_within_1e2(kind, kw):
     assert _rel(o.double(), o_ref) <= 1e-2
     for a, r in zip(grads, grads_ref):
         assert _rel(a.double(), r) <= 2e-2
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc peak-RSS counters")
+def test_cpu_attention_peak_memory_is_linear_in_n():
+    """One forward+backward of the cpu backend (band), in fresh processes: peak resident-memory growth
+    (bench/attention.py --peak) stays within a fixed number of q-sized tensors and grows ~linearly in
+    N (a saved N x window probability matrix or an N x N one would break either bound)."""
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "attention.py")
+    heads, dim = 2, 16
+
+    def peak_mb(n):
+        r = subprocess.run([sys.executable, bench, "--peak", "cpu", "band", "--n", str(n), "--heads", str(heads),
+                            "--dim", str(dim), "--window", "256"], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert r.returncode == 0, r.stderr[-2000:]
+        return float(r.stdout.split()[-1])
+
+    small, big = peak_mb(4096), peak_mb(16384)
+    q_mb = 16384 * heads * dim * 4 / 2**20  # one (B, H, N, D) fp32 tensor at the larger N
+    assert big <= 24 * q_mb, f"peak {big:.1f} MB is more than 24 q-sized tensors ({q_mb:.1f} MB each)"
+    assert big / small <= 5.0, f"peak grew {big / small:.1f}x for 4x the tokens"
