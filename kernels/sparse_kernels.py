@@ -253,6 +253,20 @@ def _store_p(pb, q, kp, skn, lse, lay, em, rows, lo, hi, N, sm2, rnd,
 
 
 @triton.jit
+def _row_setup(K, V, LAY, CNT, RAND, EMASK, qb, b, h, hl, skb, skh, svb, svh, N, NQB, M, MP, LB, R, RSH, WINDOW,
+               LAYOUT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """What a query-tile program reads besides its own rows: the head's K/V bases, random keys,
+    layout row, element-mask base and the masked / full / masked key-tile ranges."""
+    kp = K + b * skb + h * skh
+    vp = V + b * svb + h * svh
+    rnd = _random_keys(RAND + hl * RSH, qb * BM, N, LB, R)
+    lay = LAY + (hl * NQB + qb) * M
+    em = EMASK + (hl * NQB + qb) * MP * BM * BN
+    lo, a, c, hi = _row_ranges(qb, CNT + (hl * NQB + qb) * 2, N, WINDOW, LAYOUT, BM, BN)
+    return kp, vp, rnd, lay, em, lo, a, c, hi
+
+
+@triton.jit
 def _fwd(Q, K, V, O, LSE, P, LAY, CNT, RAND, EMASK,
          sqb, sqh, sqn, skb, skh, skn, svb, svh, svn,
          H, N, NQB, M, MP, HL, sm2, LB, R, RSH, WINDOW, WIDTH, CHANNELS, RADIUS, SHIFT, GLOBAL, STRIDE,
@@ -262,12 +276,8 @@ def _fwd(Q, K, V, O, LSE, P, LAY, CNT, RAND, EMASK,
     bh, b, h, hl = _head(H, HL)
     rows = qb * BM + tl.arange(0, BM)
     q = _rows(Q + b * sqb + h * sqh, rows, sqn, N, D, True)
-    kp = K + b * skb + h * skh
-    vp = V + b * svb + h * svh
-    rnd = _random_keys(RAND + hl * RSH, qb * BM, N, LB, R)
-    lay = LAY + (hl * NQB + qb) * M
-    em = EMASK + (hl * NQB + qb) * MP * BM * BN
-    lo, a, c, hi = _row_ranges(qb, CNT + (hl * NQB + qb) * 2, N, WINDOW, LAYOUT, BM, BN)
+    kp, vp, rnd, lay, em, lo, a, c, hi = _row_setup(K, V, LAY, CNT, RAND, EMASK, qb, b, h, hl, skb, skh, svb, svh,
+                                                    N, NQB, M, MP, LB, R, RSH, WINDOW, LAYOUT, BM, BN)
     m_i = tl.full([BM], -1.0e30, tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
@@ -336,12 +346,8 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, LAY, CNT, RAND, EMASK,
     do = _rows(DO + bh * N * D, rows, D, N, D, True)
     lse = _vec(LSE + bh * N, rows, N, float("inf"), True)
     delta = _vec(DELTA + bh * N, rows, N, 0.0, True)
-    kp = K + b * skb + h * skh
-    vp = V + b * svb + h * svh
-    rnd = _random_keys(RAND + hl * RSH, qb * BM, N, LB, R)
-    lay = LAY + (hl * NQB + qb) * M
-    em = EMASK + (hl * NQB + qb) * MP * BM * BN
-    lo, a, c, hi = _row_ranges(qb, CNT + (hl * NQB + qb) * 2, N, WINDOW, LAYOUT, BM, BN)
+    kp, vp, rnd, lay, em, lo, a, c, hi = _row_setup(K, V, LAY, CNT, RAND, EMASK, qb, b, h, hl, skb, skh, svb, svh,
+                                                    N, NQB, M, MP, LB, R, RSH, WINDOW, LAYOUT, BM, BN)
     rule = (R, WINDOW, WIDTH, CHANNELS, RADIUS, SHIFT, GLOBAL, STRIDE)
     dq = tl.zeros([BM, D], tl.float32)
     dq = _dq_tiles(dq, q, do, lse, delta, kp, vp, skn, svn, lay, em, rows, lo, a, N, sm2, rnd, *rule,
