@@ -82,7 +82,8 @@ def test_auto_falls_back_to_flex_with_one_warning(monkeypatch):
         with torch.no_grad():
             a = imggen.sparse_attention(q, k, v, p, backend="auto")
             b = imggen.sparse_attention(q, k, v, p, backend="auto")  # cached: no second check, no warning
-    assert len([w for w in rec if issubclass(w.category, RuntimeWarning)]) == 1
+    # ours only: torch.compile of flex may add RuntimeWarnings of its own (newer torch on Python 3.13)
+    assert len([w for w in rec if str(w.message).startswith("imggen:")]) == 1
     ref = imggen.sparse_attention(q, k, v, p, backend="reference")
     torch.testing.assert_close(a, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(b, ref, atol=1e-5, rtol=1e-5)
