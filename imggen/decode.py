@@ -136,6 +136,10 @@ class ReadPlan:
     def nbytes(self) -> int:
         return sum(x.numel() * x.element_size() for x in (self.index, self.bias) if x is not None)
 
+    def to(self, device, dtype) -> "ReadPlan":
+        return ReadPlan(self.t0, self.t1, None if self.index is None else self.index.to(device),
+                        self.bias.to(device, dtype))
+
 
 GATHER_FRACTION = 0.5   # gather the readable slots when they are at most this part of the cache
 PLAN_STEPS = 1024       # steps per read plan at most: its memory is bounded, whatever the image size
@@ -239,9 +243,7 @@ class Cache:
         r = self.reads
         if r is None or not r.t0 <= t < r.t1:
             r = self.reads = read_plan(self.pattern, self.n, self.heads, self.plan, t, min(self.n, t + self.plan_steps),
-                                       self.tables)
-            r = self.reads = ReadPlan(r.t0, r.t1, None if r.index is None else r.index.to(self.k.device),
-                                      r.bias.to(self.k.device, self.k.dtype))
+                                       self.tables).to(self.k.device, self.k.dtype)
         bias = self._per_head(r.bias[t - r.t0])
         if r.index is None:
             return (lambda x: x), bias
