@@ -9,9 +9,11 @@ Queries run in blocks of Bq; each query block reads one window of key rows:
 Dense causal patterns go to `scaled_dot_product_attention`; `columns()` patterns (the strided
 pattern's odd heads) run as dense attention down each column.
 
-Softmax patterns keep the output and the per-row log-sum-exp; the backward recomputes each
-chunk's probabilities (flash-attention style), so attention memory is O(N * D) per slice plus one
-chunk of scores. Work runs in chunks of (slices, query blocks) holding about a quarter as many
+Softmax patterns keep q, k, v and the output; the backward recomputes each chunk's probabilities
+(each query row's whole window lies in one chunk, so the same fused softmax gives the forward's
+probabilities exactly), so attention memory is O(N * D) per slice plus one chunk of scores. When the
+probabilities of the whole call fit in imggen.memory's save limit (small problems) the forward keeps
+them and the backward skips the recomputation. Work runs in chunks of (slices, query blocks) holding about a quarter as many
 scores as q holds elements (256K to 4M): a few large batched matmuls per layer, not one per slice,
 and the backward's few chunk-sized temporaries stay small beside q, k, v and their gradients.
 The diffuser keeps A (O(N * span)) and its K states: its backward reuses them K times.
@@ -24,6 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from imggen.memory import saves
 from imggen.patterns import Pattern
 
 DEFAULT_BLOCK = 64
@@ -197,9 +200,8 @@ def make_windows(pattern: Pattern, n: int, heads: int, block: int = DEFAULT_BLOC
 def _scores(win: Windows, qp, kbuf, chunk):
     """Masked float32 scores (G, Bq, span) of a chunk (q is pre-scaled by 1/sqrt(D))."""
     g0, g1 = win.blocks(chunk)
-    qb = qp[g0:g1]
-    s = torch.bmm(qb, win.windows(kbuf, chunk).transpose(1, 2)).float()
-    return qb, win.mask_(s, chunk)
+    s = torch.bmm(qp[g0:g1], win.windows(kbuf, chunk).transpose(1, 2)).float()
+    return win.mask_(s, chunk)
 
 
 class _Attention(torch.autograd.Function):
@@ -209,33 +211,31 @@ class _Attention(torch.autograd.Function):
         qp = win.pad_queries(q).mul_(1.0 / math.sqrt(d))
         kb, vb = win.key_buffer(k, q.shape), win.key_buffer(v, q.shape)
         op = torch.empty_like(qp)
-        lse = torch.empty(qp.shape[:2], dtype=torch.float32)
+        keep = saves(qp.shape[0] * win.block * win.span * 4)
+        probs = []
         for chunk in win.chunks(b * h, d):
             g0, g1 = win.blocks(chunk)
-            _, s = _scores(win, qp, kb, chunk)
-            mx = s.amax(-1, keepdim=True)
-            p = s.sub_(mx).exp_()
-            l = p.sum(-1, keepdim=True)
+            p = torch.softmax(_scores(win, qp, kb, chunk), -1)
             torch.bmm(p.to(q.dtype), win.windows(vb, chunk), out=op[g0:g1])
-            op[g0:g1] /= l.to(q.dtype)
-            lse[g0:g1] = (mx + l.log_())[..., 0]
+            if keep:
+                probs.append(p)
         o = win.unpad_queries(op, q.shape).transpose(1, 2).contiguous()  # (B, N, H, D): the output
-        ctx.save_for_backward(qp, kb, vb, lse)                           # projection reads it as is
+        ctx.save_for_backward(qp, kb, vb, *probs)                        # projection reads it as is
         ctx.win, ctx.shape = win, q.shape
         return o.transpose(1, 2)
 
     @staticmethod
     def backward(ctx, do):
-        qp, kb, vb, lse = ctx.saved_tensors
+        qp, kb, vb, *probs = ctx.saved_tensors
         win, shape = ctx.win, ctx.shape
         b, h, n, d = shape
         dop = win.pad_queries(do)
         dq = torch.empty_like(qp)
         dk, dv = torch.zeros_like(kb), torch.zeros_like(vb)
-        for chunk in win.chunks(b * h, d):
+        for i, chunk in enumerate(win.chunks(b * h, d)):
             g0, g1 = win.blocks(chunk)
-            qb, s = _scores(win, qp, kb, chunk)
-            p = s.sub_(lse[g0:g1, :, None]).exp_()
+            qb = qp[g0:g1]
+            p = probs[i] if probs else torch.softmax(_scores(win, qp, kb, chunk), -1)
             g = dop[g0:g1]
             win.fold(torch.bmm(p.to(g.dtype).transpose(1, 2), g), dv, chunk)
             dp = torch.bmm(g, win.windows(vb, chunk).transpose(1, 2)).float()
@@ -257,7 +257,7 @@ def _diffusion_forward(q, k, v, pattern: Pattern, win: Windows):
     a = q.new_empty(qp.shape[0], win.block, win.span)
     for chunk in chunks:
         g0, g1 = win.blocks(chunk)
-        a[g0:g1] = torch.softmax(_scores(win, qp, kb, chunk)[1], -1)
+        a[g0:g1] = torch.softmax(_scores(win, qp, kb, chunk), -1)
     zs = [vb]
     for _ in range(pattern.steps):
         z = vb * alpha

@@ -102,7 +102,9 @@ def _rel(a, b):
 
 @pytest.mark.parametrize("kind,kw", CASES)
 @pytest.mark.parametrize("block", [8, 32])
-def test_cpu_matches_reference_fp32(kind, kw, block):
+@pytest.mark.parametrize("save_mb", ["0", "64"])  # recompute the probabilities / save them (imggen.memory)
+def test_cpu_matches_reference_fp32(kind, kw, block, save_mb, monkeypatch):
+    monkeypatch.setenv("IMGGEN_SAVE_MB", save_mb)
     torch.manual_seed(hash((kind, block)) % 1000)
     p = imggen.make_pattern(kind, **kw)
     b, h, n, d = 2, 3, min(90, p.max_length() or 90), 16  # n not a multiple of the block
@@ -117,6 +119,27 @@ def test_cpu_matches_reference_fp32(kind, kw, block):
     assert _rel(o.double(), o_ref) <= 1e-5
     for a, r in zip(grads, grads_ref):
         assert _rel(a.double(), r) <= 1e-5
+
+
+def test_cpu_saves_probabilities_only_within_the_limit(monkeypatch):
+    """Small calls keep their probabilities for the backward, larger ones recompute them; the
+    limit is IMGGEN_SAVE_MB (0 = always recompute), and a bad value is a clear error."""
+    p = imggen.make_pattern("band", window=16)
+    q = torch.randn(2, 2, 200, 8, requires_grad=True)
+
+    def saved():
+        return len(imggen.sparse_attention(q, q, q, p, backend="cpu", block=16).grad_fn.saved_tensors)
+
+    monkeypatch.delenv("IMGGEN_SAVE_MB", raising=False)
+    kept = saved()
+    assert kept > 3  # q, k, v buffers and at least one chunk of probabilities
+    monkeypatch.setenv("IMGGEN_SAVE_MB", "0")
+    assert saved() == 3
+    monkeypatch.setenv("IMGGEN_SAVE_MB", str(2 * 2 * 208 * 32 * 4 / 2**20 - 0.001))  # one byte short
+    assert saved() == 3
+    monkeypatch.setenv("IMGGEN_SAVE_MB", "lots")
+    with pytest.raises(ConfigError, match="IMGGEN_SAVE_MB"):
+        saved()
 
 
 def test_diffuser_reference_closed_form():
@@ -185,7 +208,7 @@ def test_cpu_attention_peak_memory_is_linear_in_n():
     def peak_mb(n):
         r = subprocess.run([sys.executable, bench, "--peak", "cpu", "band", "--n", str(n), "--heads", str(heads),
                             "--dim", str(dim), "--window", "256"], capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+                           env={**os.environ, "OMP_NUM_THREADS": "1", "IMGGEN_SAVE_MB": "0"})
         assert r.returncode == 0, r.stderr[-2000:]
         return float(r.stdout.split()[-1])
 
