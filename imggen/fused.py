@@ -2,13 +2,17 @@
 MLP (LayerNorm -> Linear -> GELU -> Linear) as one autograd function. They save their input and
 the per-row LayerNorm statistics (plus the MLP's pre-activation) and recompute the normalised
 input and the GELU in the backward, instead of keeping them: a Transformer block then saves
-about 2,560 numbers per token (dim 256) instead of about 4,350. The parameters stay nn.LayerNorm /
-nn.Linear modules, so checkpoints are unchanged; outside autograd the modules run as usual.
+about 2,560 numbers per token (dim 256) instead of about 4,350. Calls whose extra activations fit
+imggen.memory's save limit (small problems) run the plain modules instead, which is faster. The
+parameters stay nn.LayerNorm / nn.Linear modules, so checkpoints are unchanged; outside autograd
+the modules run as usual.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from imggen.memory import saves
 
 
 def _f(x):
@@ -17,49 +21,39 @@ def _f(x):
 
 
 def _norm(x, ln):
-    """(x - mean) * rstd in at least float32, with mean and rstd (per row)."""
-    xf = _f(x)
-    mean = xf.mean(-1, keepdim=True)
-    rstd = torch.rsqrt(xf.var(-1, unbiased=False, keepdim=True) + ln.eps)
-    return (xf - mean) * rstd, mean, rstd
+    """LayerNorm of x in at least float32, with its per-row mean and rstd."""
+    return torch.native_layer_norm(_f(x), ln.normalized_shape, _f(ln.weight), _f(ln.bias), ln.eps)
 
 
-def _norm_backward(dy, xhat, rstd, ln):
+def _norm_backward(dy, x, mean, rstd, ln):
     """Gradients of LayerNorm from d(output) dy: (dx, dweight, dbias)."""
-    dyf = _f(dy)
-    dw = (dyf * xhat).flatten(0, -2).sum(0)
-    db = dyf.flatten(0, -2).sum(0)
-    g = dyf * _f(ln.weight)
-    dx = rstd * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
-    return dx, dw, db
+    return torch.ops.aten.native_layer_norm_backward(_f(dy), _f(x), ln.normalized_shape, mean, rstd, _f(ln.weight),
+                                                     _f(ln.bias), [True, True, True])
 
 
 class _LNLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, ln_w, ln_b, w, b, ln):
-        xhat, mean, rstd = _norm(x, ln)
-        y = (xhat * _f(ln_w) + _f(ln_b)).to(x.dtype)
+        y, mean, rstd = _norm(x, ln)
         ctx.save_for_backward(x, mean, rstd, w)
         ctx.ln, ctx.has_bias = ln, b is not None
-        return F.linear(y, w, b)
+        return F.linear(y.to(x.dtype), w, b)
 
     @staticmethod
     def backward(ctx, dout):
         x, mean, rstd, w = ctx.saved_tensors
-        xhat = (_f(x) - mean) * rstd
-        y = (xhat * _f(ctx.ln.weight) + _f(ctx.ln.bias)).to(dout.dtype)
+        y = _norm(x, ctx.ln)[0].to(dout.dtype)
         dw = dout.flatten(0, -2).t() @ y.flatten(0, -2)
         db = dout.flatten(0, -2).sum(0) if ctx.has_bias else None
-        dx, dlnw, dlnb = _norm_backward(dout @ w.to(dout.dtype), xhat, rstd, ctx.ln)
+        dx, dlnw, dlnb = _norm_backward(dout @ w.to(dout.dtype), x, mean, rstd, ctx.ln)
         return dx.to(x.dtype), dlnw, dlnb, dw.to(w.dtype), db, None
 
 
 class _LNMLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, ln_w, ln_b, w1, b1, w2, b2, ln):
-        xhat, mean, rstd = _norm(x, ln)
-        y = (xhat * _f(ln_w) + _f(ln_b)).to(x.dtype)
-        h = F.linear(y, w1, b1)
+        y, mean, rstd = _norm(x, ln)
+        h = F.linear(y.to(x.dtype), w1, b1)
         ctx.save_for_backward(x, mean, rstd, h, w1, w2)
         ctx.ln = ln
         return F.linear(F.gelu(h, approximate="tanh"), w2, b2)
@@ -68,23 +62,19 @@ class _LNMLP(torch.autograd.Function):
     def backward(ctx, dout):
         x, mean, rstd, h, w1, w2 = ctx.saved_tensors
         ln = ctx.ln
-        with torch.enable_grad():  # GELU's backward through autograd of a recomputed GELU
-            hh = h.detach().requires_grad_()
-            a = F.gelu(hh, approximate="tanh")
         d2 = dout.flatten(0, -2)
-        dw2, db2 = d2.t() @ a.detach().flatten(0, -2), d2.sum(0)
-        dh, = torch.autograd.grad(a, hh, dout @ w2.to(dout.dtype))
-        xhat = (_f(x) - mean) * rstd
-        y = (xhat * _f(ln.weight) + _f(ln.bias)).to(dh.dtype)
+        dw2, db2 = d2.t() @ F.gelu(h, approximate="tanh").flatten(0, -2), d2.sum(0)
+        dh = torch.ops.aten.gelu_backward(dout @ w2.to(dout.dtype), h, approximate="tanh")
+        y = _norm(x, ln)[0].to(dh.dtype)
         dh2 = dh.flatten(0, -2)
         dw1, db1 = dh2.t() @ y.flatten(0, -2), dh2.sum(0)
-        dx, dlnw, dlnb = _norm_backward(dh @ w1.to(dh.dtype), xhat, rstd, ln)
+        dx, dlnw, dlnb = _norm_backward(dh @ w1.to(dh.dtype), x, mean, rstd, ln)
         return dx.to(x.dtype), dlnw, dlnb, dw1.to(w1.dtype), db1, dw2.to(w2.dtype), db2, None
 
 
 def ln_linear(x, ln: torch.nn.LayerNorm, linear: torch.nn.Linear) -> torch.Tensor:
-    """linear(ln(x)), saving x instead of ln(x) for the backward."""
-    if not torch.is_grad_enabled():
+    """linear(ln(x)), saving x instead of ln(x) for the backward unless ln(x) fits the save limit."""
+    if not torch.is_grad_enabled() or saves(x.numel() * x.element_size()):
         return linear(ln(x))
     w, b = linear.weight, linear.bias
     if torch.is_autocast_enabled(x.device.type):
@@ -95,8 +85,10 @@ def ln_linear(x, ln: torch.nn.LayerNorm, linear: torch.nn.Linear) -> torch.Tenso
 
 
 def ln_mlp(x, ln: torch.nn.LayerNorm, fc1: torch.nn.Linear, fc2: torch.nn.Linear) -> torch.Tensor:
-    """fc2(gelu(fc1(ln(x)))), saving x and fc1's output only for the backward."""
-    if not torch.is_grad_enabled():
+    """fc2(gelu(fc1(ln(x)))), saving x and fc1's output only for the backward unless ln(x) and the
+    GELU output fit the save limit."""
+    if not torch.is_grad_enabled() or saves(x.numel() // x.shape[-1] * (x.shape[-1] + fc1.out_features)
+                                            * x.element_size()):
         return fc2(F.gelu(fc1(ln(x)), approximate="tanh"))
     w1, b1, w2, b2 = fc1.weight, fc1.bias, fc2.weight, fc2.bias
     if torch.is_autocast_enabled(x.device.type):

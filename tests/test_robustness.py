@@ -135,8 +135,10 @@ def test_activation_checkpointing_is_in_the_config(tmp_path):
     assert r.returncode == 2 and "model.dim" in r.stderr
 
 
-def test_fused_layernorm_blocks_match_pytorch():
+@pytest.mark.parametrize("save_mb", ["0", "64"])  # the recomputing autograd functions / the plain modules
+def test_fused_layernorm_blocks_match_pytorch(save_mb, monkeypatch):
     """imggen.fused recomputes LayerNorm and GELU in the backward: same values and gradients (fp64)."""
+    monkeypatch.setenv("IMGGEN_SAVE_MB", save_mb)
     import torch.nn as nn
     import torch.nn.functional as F
     from imggen.fused import ln_linear, ln_mlp
@@ -152,7 +154,10 @@ def test_fused_layernorm_blocks_match_pytorch():
         return (a * torch.linspace(-1, 1, 48, dtype=torch.float64)).sum() + (m ** 2).sum()
 
     ref = torch.autograd.grad(loss(lin(ln(x)), fc2(F.gelu(fc1(ln(x)), approximate="tanh"))), params)
-    new = torch.autograd.grad(loss(ln_linear(x, ln, lin), ln_mlp(x, ln, fc1, fc2)), params)
+    a, m = ln_linear(x, ln, lin), ln_mlp(x, ln, fc1, fc2)
+    assert ("LNLinear" in type(a.grad_fn).__name__) == (save_mb == "0")
+    assert ("LNMLP" in type(m.grad_fn).__name__) == (save_mb == "0")
+    new = torch.autograd.grad(loss(a, m), params)
     for a, b in zip(ref, new):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
 
