@@ -45,10 +45,9 @@ class Attention(nn.Module):
         return self.proj(o.transpose(1, 2).reshape(b, n, c))
 
     def step(self, x, t: int, cache):
-        """x (B, 1, dim) at position t -> (B, 1, dim), reading and updating `cache`."""
-        q, k, v = (a[:, :, 0] for a in self._qkv(self.qkv(x)))  # (B, H, D)
-        o = cache.attend(q, k, v, t)
-        return self.proj(o.reshape(x.shape[0], 1, -1))
+        """x (B, dim) at position t -> (B, dim), reading and updating `cache`."""
+        q, k, v = self.qkv(x).view(x.shape[0], 3, self.heads, self.head_dim).unbind(1)  # (B, H, D)
+        return self.proj(cache.attend(q, k, v, t).reshape(x.shape[0], -1))
 
 
 class Block(nn.Module):
@@ -164,15 +163,15 @@ class ImageTransformer(nn.Module):
         """Logits (B, V) at position t given token t-1 (`prev`, (B,) long; None at t = 0);
         `features` = context_features(context) of a context-trained model, computed once."""
         if t == 0:
-            x = self.start.expand(caches[0].batch, 1, -1)
+            x = self.start.expand(caches[0].batch, -1)
         else:
-            x = self.tok_emb(prev.view(-1, 1))
-        x = x + self.pos_emb(t, t + 1)
+            x = self.tok_emb(prev.view(-1))
+        x = x + self.pos_emb(t, t + 1)  # (B, dim): one position, 2-D throughout
         if self.context is not None:
             if features is None:
                 raise ShapeError("this model was trained for inpainting with a context: pass features="
                                  "model.context_features(context, batch) to step()")
-            x = x + features[:, t:t + 1]
+            x = x + features[:, t]
         for blk, cache in zip(self.blocks, caches):
             x = blk.step(x, t, cache)
-        return self.head(self.ln_f(x))[:, 0]
+        return self.head(self.ln_f(x))

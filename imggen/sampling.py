@@ -8,6 +8,7 @@ from tqdm import tqdm
 
 from imggen.decode import make_caches
 from imggen.errors import ConfigError, ShapeError
+from imggen.threads import decode_tick
 from imggen.tokens import detokenize_tokens
 
 
@@ -85,6 +86,7 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
     bar = tqdm(range(start, n), desc="sampling", unit="tok", unit_scale=batch_size, disable=not progress,
                leave=False)
     for t in bar:
+        decode_tick(batch_size)
         logits = model.step(tokens[:, t - 1] if t else None, t, caches, feats)
         nxt = _pick(logits, temperature, top_k, gen)
         if known_mask is not None:

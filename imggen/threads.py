@@ -2,13 +2,15 @@
 
 On 2 cores shared with another busy process, every OpenMP region waits for whichever of our threads
 the scheduler has put aside, and many small regions add up to a collapse (measured: 3-30x slower
-with 2 threads than with 1; bench/RESULTS.md, 'Threads'). So:
-* decode-heavy work (sample.py) uses 1 thread by default: its ops are too small for a second one
-  to pay, alone or not;
-* training and evaluation use every core while the machine is otherwise idle and drop to 1 thread
-  while other processes keep cores busy (`Governor`, rechecked every CHECK_S seconds from the
-  kernel's count of runnable threads, ours subtracted), with a one-line note the first time.
-`--threads N` (or OMP_NUM_THREADS) fixes the count and switches the governor off.
+with 2 threads than with 1; bench/RESULTS.md, 'Threads'). So every CLI runs a `Governor`: every
+core while the machine is otherwise idle, 1 thread while other processes keep cores busy
+(rechecked every CHECK_S seconds from the kernel's count of runnable threads, ours subtracted),
+with a one-line note the first time. Decoding (imggen.sampling calls `decode_tick` once per step)
+also rechecks, and in sample.py it uses a second core only for batches of at least
+DECODE_MIN_BATCH sequences: one sequence's decode ops are too small for a second thread to pay
+(measured at batch 1: demo and brats presets 10-20% slower with 2 threads; at batch 16: brats
+1.25x, demo ~1.1x faster). `--threads N` (or OMP_NUM_THREADS) fixes the count and switches the
+governor off.
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ import time
 
 import torch
 
-DECODE_THREADS = 1
+DECODE_MIN_BATCH = 8
 CHECK_S = 15.0
+_current: Governor | None = None  # the governor of the running CLI (set_threads)
 
 
 def runnable_others(samples: int = 5) -> float | None:
@@ -43,11 +46,13 @@ def runnable_others(samples: int = 5) -> float | None:
 
 
 class Governor:
-    """Thread count for training / evaluation: all cores when idle, 1 while others are busy."""
+    """Thread count: `idle` threads (all cores unless set) when the machine is otherwise idle, 1
+    while others are busy."""
 
-    def __init__(self, n: int | None):
+    def __init__(self, n: int | None, kind: str = "train"):
         self.fixed = n is not None or "OMP_NUM_THREADS" in os.environ
-        self.cores = os.cpu_count() or 1
+        self.kind = kind
+        self.cores = self.idle = os.cpu_count() or 1
         self.last, self.noted = -CHECK_S, False
         if n is not None:
             torch.set_num_threads(n)
@@ -58,19 +63,36 @@ class Governor:
             return
         self.last = now
         others = runnable_others()
-        want = self.cores if others is None or others < 0.5 else 1
+        want = self.idle if others is None or others < 0.5 else 1
         if want != torch.get_num_threads():
-            if want == 1 and not self.noted:
+            if want == 1 and self.idle > 1 and not self.noted:
                 print(f"note: other processes keep about {others:.1f} cores busy: using 1 thread while they do "
                       f"(--threads N fixes the count)", flush=True)
                 self.noted = True
             torch.set_num_threads(want)
 
+    def set_idle(self, n: int) -> None:
+        """Threads to use while the machine is idle; a change is applied at the next tick."""
+        if n != self.idle:
+            self.idle, self.last = n, -CHECK_S
+
 
 def set_threads(n: int | None, kind: str) -> Governor:
     """Apply the policy for `kind` ("train", "sample", "eval"); returns the governor to tick."""
-    if n is None and kind == "sample" and "OMP_NUM_THREADS" not in os.environ:
-        n = DECODE_THREADS
-    gov = Governor(n)
+    global _current
+    gov = _current = Governor(n, kind)
+    if kind == "sample":
+        gov.set_idle(1)  # until decode_tick sees a batch large enough for a second core
     gov.tick()
     return gov
+
+
+def decode_tick(batch: int) -> None:
+    """Once per decode step (imggen.sampling): keep the running CLI's governor current; sample.py
+    decodes batches smaller than DECODE_MIN_BATCH on one thread."""
+    gov = _current
+    if gov is None:
+        return
+    if gov.kind == "sample":
+        gov.set_idle(gov.cores if batch >= DECODE_MIN_BATCH else 1)
+    gov.tick()

@@ -183,6 +183,41 @@ def test_thread_governor_drops_to_one_thread_while_others_are_busy(monkeypatch, 
         fixed = T.set_threads(2, "train")
         fixed.tick()
         assert torch.get_num_threads() == 2 and fixed.fixed
-        assert T.set_threads(None, "sample") and torch.get_num_threads() == T.DECODE_THREADS
     finally:
+        torch.set_num_threads(old)
+
+
+def test_sample_governor_uses_a_second_core_only_for_large_idle_batches(monkeypatch):
+    """sample.py: 1 thread for small decode batches, every core for batches >= DECODE_MIN_BATCH
+    while idle, 1 thread while others are busy; imggen.sample ticks it once per step."""
+    import imggen.threads as T
+    old = torch.get_num_threads()
+    monkeypatch.setattr(T, "CHECK_S", 3600.0)  # only set_idle forces a recheck
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    load = {"others": 0.0}
+    monkeypatch.setattr(T, "runnable_others", lambda: load["others"])
+    monkeypatch.setattr(T.os, "cpu_count", lambda: 2)
+    try:
+        gov = T.set_threads(None, "sample")
+        assert torch.get_num_threads() == 1
+        T.decode_tick(1)
+        assert torch.get_num_threads() == 1
+        T.decode_tick(T.DECODE_MIN_BATCH)
+        assert torch.get_num_threads() == 2
+        load["others"] = 2.0
+        gov.set_idle(1)
+        T.decode_tick(16)  # busy: back to one thread
+        assert torch.get_num_threads() == 1
+        ticks = []
+        monkeypatch.setattr(T, "decode_tick", ticks.append)
+        import imggen.sampling
+        monkeypatch.setattr(imggen.sampling, "decode_tick", ticks.append)
+        from imggen.config import ModelConfig
+        from imggen.model import ImageTransformer
+        cfg = ModelConfig(height=2, width=3, channels=1, bits=2, dim=8, layers=1, heads=1, attention="band", window=3)
+        imggen.sampling.sample(ImageTransformer(cfg), 3)
+        assert ticks == [3] * 6
+        assert T.set_threads(1, "sample").fixed
+    finally:
+        T._current = None
         torch.set_num_threads(old)
