@@ -174,26 +174,16 @@ class Cache:
         self.plan = slot_plan(pattern, n, heads, self.policy)
         self.capacity = cap = self.plan.capacity
         self._slots, self._hi = self.plan.slots.tolist(), self.plan.hi.tolist()
+        shape = (batch, heads, cap, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.z = torch.zeros((pattern.steps - 1, *shape), device=device, dtype=dtype) if pattern.is_diffusion else None
+        self.positions = torch.full((cap,), -1, dtype=torch.long, device=device)
+        self.tables = {k: t.to(self.positions.device) for k, t in pattern.lookup_tables(n, heads).items()}
         band = pattern.band()
         # a ring no longer than a band of period 1 holds only positions its query may read
         self.unmasked = self.policy == "ring" and band is not None and band.period == 1 and cap <= band.width
         self.planned = not (self.unmasked or keep_all)  # read plans (else: all slots, or masks per step)
-        # Buffers are (B, H, slots, D). Caches that gather their read sets on the CPU store them
-        # slot-major underneath (a (slots, B, H, D) tensor viewed as (B, H, slots, D)): a gather then
-        # copies whole (B, H, D) slots (4x faster than index_select over the slot axis of a (B, H,
-        # slots, D) tensor at the brats preset) and attention reads the gathered slots in place.
-        self.slot_major = self.planned and torch.device(device or "cpu").type == "cpu"
-
-        def buffer(*lead):
-            if not self.slot_major:
-                return torch.zeros((*lead, batch, heads, cap, head_dim), device=device, dtype=dtype)
-            z = torch.zeros((*lead, cap, batch, heads, head_dim), device=device, dtype=dtype)
-            return z.movedim(-4, -2)
-
-        self.k, self.v = buffer(), buffer()
-        self.z = buffer(pattern.steps - 1) if pattern.is_diffusion else None
-        self.positions = torch.full((cap,), -1, dtype=torch.long, device=device)
-        self.tables = {k: t.to(self.positions.device) for k, t in pattern.lookup_tables(n, heads).items()}
         self.reads: ReadPlan | None = None
         # a read plan costs up to (index + bias) bytes per step, head table and slot: hold no more
         # steps than fit in the bytes of k and v, so the plan never outweighs the cache it reads
@@ -258,8 +248,6 @@ class Cache:
         if r.index is None:
             return (lambda x: x), bias
         idx = r.index[t - r.t0]
-        if idx.shape[0] == 1 and self.slot_major:
-            return (lambda x: x.movedim(-2, 0).index_select(0, idx[0]).movedim(0, -2)), bias
         if idx.shape[0] == 1:
             return (lambda x: x.index_select(-2, idx[0])), bias
         idx = self._per_head(idx)
