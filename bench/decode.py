@@ -101,8 +101,8 @@ def recompute_plan_bytes(model, n: int) -> int:
             if sub.columns() is not None or (sub.band() and sub.band().width >= n):
                 continue  # column attention / SDPA: no masks
             w = make_windows(sub, n, len(heads))
-            masks = [w.first, w.steady] if hasattr(w, "steady") else [w.blocked]
-            worst = max(worst, sum(m.numel() for m in masks))
+            masks = [w.first, w.steady] if hasattr(w, "steady") else [w.bias]
+            worst = max(worst, sum(m.numel() * m.element_size() for m in masks))
     return worst
 
 

@@ -6,6 +6,7 @@ Queries run in blocks of Bq; each query block reads one window of key rows:
   (Bq, span) mask serves every block after the first few (whose masks are exact).
 * `GatherWindows` for any pattern: the key blocks its `block_plan` names, gathered per block,
   with a (HL, nqb, Bq, span) mask from the rule.
+Masks are additive float biases (0 / -inf): adding one costs a tenth of a masked_fill_.
 Dense causal patterns go to `scaled_dot_product_attention`; `columns()` patterns (the strided
 pattern's odd heads) run as dense attention down each column.
 
@@ -100,7 +101,7 @@ class BandWindows(Windows):
         self.nqb = math.ceil(n / bq)
         self.m = math.ceil((min(width, n) - 1) / bq) + 1
         self.span, self.lpad, self.tail = self.m * bq, (self.m - 1) * bq, 0
-        self.first, self.steady = _band_masks(pattern, n, bq, self.m)  # True = not allowed
+        self.first, self.steady = _band_bias(pattern, n, bq, self.m)
 
     def windows(self, buf, chunk):
         """Window of global block g = rows [g*Bq, g*Bq + span) of the buffer: a strided view."""
@@ -113,8 +114,8 @@ class BandWindows(Windows):
         s4 = s.view(c1 - c0, q1 - q0, self.block, self.span)
         f = max(0, min(len(self.first), q1) - q0)  # blocks among each slice's first ones
         if f:
-            s4[:, :f].masked_fill_(self.first[q0:q0 + f], float("-inf"))
-        s4[:, f:].masked_fill_(self.steady, float("-inf"))
+            s4[:, :f].add_(self.first[q0:q0 + f])
+        s4[:, f:].add_(self.steady)
         return s
 
     def fold(self, dw: torch.Tensor, buf: torch.Tensor, chunk) -> None:
@@ -125,9 +126,14 @@ class BandWindows(Windows):
             buf[(g0 + t) * bq:(g1 + t) * bq].view(g1 - g0, bq, d).add_(dw[:, t * bq:(t + 1) * bq])
 
 
+def _bias(forbidden: torch.Tensor) -> torch.Tensor:
+    """Additive float32 mask: -inf where forbidden, else 0 (adding it costs a tenth of masked_fill_)."""
+    return torch.zeros(forbidden.shape).masked_fill_(forbidden, float("-inf"))
+
+
 @functools.lru_cache(maxsize=64)
-def _band_masks(pattern: Pattern, n: int, bq: int, m: int):
-    """Exact 'not allowed' masks of the first m blocks of a slice (their windows reach before
+def _band_bias(pattern: Pattern, n: int, bq: int, m: int):
+    """Exact masks (additive biases) of the first m blocks of a slice (their windows reach before
     position 0), and one mask for every later block, checked against the exact mask of the last."""
     span = m * bq
 
@@ -141,7 +147,7 @@ def _band_masks(pattern: Pattern, n: int, bq: int, m: int):
     steady = exact(m)
     if nqb - 1 > m and not torch.equal(exact(nqb - 1), steady):
         raise AssertionError(f"{pattern}: band() period {bq} does not match its rule")
-    return first, steady
+    return _bias(first), _bias(steady)
 
 
 class GatherWindows(Windows):
@@ -150,7 +156,7 @@ class GatherWindows(Windows):
         self.block, self.nqb, self.hl = block, plan.nqb, plan.keys.shape[0]
         self.span, self.lpad, self.tail = plan.keys.shape[2] * block, 0, block
         self.keys = plan.keys
-        self.blocked = _gather_blocked(pattern, n, heads, block)
+        self.bias = _gather_bias(pattern, n, heads, block)
         self.heads = heads
 
     def _index(self, chunk, buf):
@@ -170,9 +176,9 @@ class GatherWindows(Windows):
         c0, c1, q0, q1 = chunk
         s4 = s.view(c1 - c0, q1 - q0, self.block, self.span)
         if self.hl == 1:
-            return s4.masked_fill_(self.blocked[0, q0:q1], float("-inf")).view(s.shape)
+            return s4.add_(self.bias[0, q0:q1]).view(s.shape)
         c = torch.arange(c0, c1)
-        return s4.masked_fill_(self.blocked[(c % self.heads) % self.hl][:, q0:q1], float("-inf")).view(s.shape)
+        return s4.add_(self.bias[(c % self.heads) % self.hl][:, q0:q1]).view(s.shape)
 
     def fold(self, dw, buf, chunk):
         d = buf.shape[-1]
@@ -180,15 +186,15 @@ class GatherWindows(Windows):
 
 
 @functools.lru_cache(maxsize=64)
-def _gather_blocked(pattern: Pattern, n: int, heads: int, block: int) -> torch.Tensor:
-    """(HL, nqb, Bq, M*Bq) bool: True where the rule forbids a gathered key (and on padding blocks)."""
+def _gather_bias(pattern: Pattern, n: int, heads: int, block: int) -> torch.Tensor:
+    """(HL, nqb, Bq, M*Bq) additive mask: -inf where the rule forbids a gathered key (and on padding blocks)."""
     plan = pattern.block_plan(n, heads, block)
     hl, nqb, m = plan.keys.shape
     tables = pattern.lookup_tables(n, hl)
     qi = torch.arange(nqb * block).view(nqb, block, 1)
     kj = (plan.keys.clamp(min=0)[..., None] * block + torch.arange(block)).view(hl, nqb, 1, m * block)
     pad = (plan.keys < 0).repeat_interleave(block, -1).view(hl, nqb, 1, m * block)
-    return ~torch.stack([pattern.allowed(qi, kj[h], h, tables) for h in range(hl)]) | pad
+    return _bias(~torch.stack([pattern.allowed(qi, kj[h], h, tables) for h in range(hl)]) | pad)
 
 
 def make_windows(pattern: Pattern, n: int, heads: int, block: int = DEFAULT_BLOCK) -> Windows:
