@@ -12,11 +12,12 @@ pattern's odd heads) run as dense attention down each column.
 
 Softmax patterns keep q, k, v and the output; the backward recomputes each chunk's probabilities
 (each query row's whole window lies in one chunk, so the same fused softmax gives the forward's
-probabilities exactly), so attention memory is O(N * D) per slice plus one chunk of scores. When the
-probabilities of the whole call fit in imggen.memory's save limit (small problems) the forward keeps
-them and the backward skips the recomputation. Work runs in chunks of (slices, query blocks) holding about a quarter as many
-scores as q holds elements (256K to 4M): a few large batched matmuls per layer, not one per slice,
-and the backward's few chunk-sized temporaries stay small beside q, k, v and their gradients.
+probabilities exactly), so attention memory is O(N * D) per slice plus one chunk of scores. When
+the probabilities of the whole call fit imggen.memory's save limit (small problems) and a gradient
+is wanted, the forward keeps them and the backward skips the recomputation. Work runs in chunks of
+(slices, query blocks) holding about a quarter as many scores as q holds elements (256K to 4M): a
+few large batched matmuls per layer, not one per slice, and the backward's few chunk-sized
+temporaries stay small beside q, k, v and their gradients.
 The diffuser keeps A (O(N * span)) and its K states: its backward reuses them K times.
 """
 from __future__ import annotations
@@ -212,12 +213,12 @@ def _scores(win: Windows, qp, kbuf, chunk):
 
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, win: Windows):
+    def forward(ctx, q, k, v, win: Windows, grad: bool):
         b, h, n, d = q.shape
         qp = win.pad_queries(q).mul_(1.0 / math.sqrt(d))
         kb, vb = win.key_buffer(k, q.shape), win.key_buffer(v, q.shape)
         op = torch.empty_like(qp)
-        keep = saves(qp.shape[0] * win.block * win.span * 4)
+        keep = grad and saves(qp.shape[0] * win.block * win.span * 4)
         probs = []
         for chunk in win.chunks(b * h, d):
             g0, g1 = win.blocks(chunk)
@@ -249,7 +250,7 @@ class _Attention(torch.autograd.Function):
             torch.bmm(ds, win.windows(kb, chunk), out=dq[g0:g1])
             win.fold(torch.bmm(ds.transpose(1, 2), qb), dk, chunk)  # qb carries the 1/sqrt(D)
         return (win.unpad_queries(dq.mul_(1.0 / math.sqrt(d)), shape), win.unpad_keys(dk, shape),
-                win.unpad_keys(dv, shape), None)
+                win.unpad_keys(dv, shape), None, None)
 
 
 def _diffusion_forward(q, k, v, pattern: Pattern, win: Windows):
@@ -342,7 +343,8 @@ def cpu_attention(q, k, v, pattern: Pattern, block: int = DEFAULT_BLOCK) -> torc
     win = make_windows(pattern, n, h, block)
     if pattern.is_diffusion:
         return _Diffusion.apply(q, k, v, pattern, win)
-    return _Attention.apply(q, k, v, win)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return _Attention.apply(q, k, v, win, grad)
 
 
 def column_attention(q, k, v, stride: int, shift: int) -> torch.Tensor:
