@@ -2,15 +2,14 @@
 
 On 2 cores shared with another busy process, every OpenMP region waits for whichever of our threads
 the scheduler has put aside, and many small regions add up to a collapse (measured: 3-30x slower
-with 2 threads than with 1; bench/RESULTS.md, 'Threads'). So every CLI runs a `Governor`: every
-core while the machine is otherwise idle, 1 thread while other processes keep cores busy
-(rechecked every CHECK_S seconds from the kernel's count of runnable threads, ours subtracted),
-with a one-line note the first time. Decoding (imggen.sampling calls `decode_tick` once per step)
-also rechecks, and in sample.py it uses a second core only for batches of at least
-DECODE_MIN_BATCH sequences: one sequence's decode ops are too small for a second thread to pay
-(measured at batch 1: demo and brats presets 10-20% slower with 2 threads; at batch 16: brats
-1.25x, demo ~1.1x faster). `--threads N` (or OMP_NUM_THREADS) fixes the count and switches the
-governor off.
+with 2 threads than with 1; bench/RESULTS.md section 8, shared cores). So every CLI runs a
+`Governor`: every core while the machine is otherwise idle, 1 thread while other processes keep
+cores busy (rechecked every CHECK_S seconds from the kernel's count of runnable threads, ours
+subtracted), with a one-line note the first time. Decoding (imggen.sampling calls `decode_tick`
+once per step) also rechecks, and in sample.py it uses a second core only for batches of at least
+DECODE_MIN_BATCH sequences (measured on the idle box: at batch 1 a second thread made brats-preset
+steps 14-19% slower and demo steps no faster; at batch 16 brats steps ~1.2x faster).
+`--threads N` (or OMP_NUM_THREADS) fixes the count and switches the governor off.
 """
 from __future__ import annotations
 
