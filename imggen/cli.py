@@ -11,8 +11,10 @@ import time
 import numpy as np
 import torch
 
+from imggen.attention import forced_backend
 from imggen.config import BACKENDS, PATTERN_PARAMS, PRESETS, Config, apply_override, preset
 from imggen.errors import ConfigError, ImggenError, Interrupted, ShapeError
+from imggen.memory import save_limit
 from imggen.tasks import TASKS
 from imggen.threads import set_threads
 
@@ -145,6 +147,7 @@ def train_main(argv=None) -> int:
     governor = set_threads(args.threads, "train")
     out = args.out
     try:
+        forced_backend(), save_limit()  # a bad IMGGEN_BACKEND / IMGGEN_SAVE_MB fails before the data loads
         train(cfg, out, resume=args.resume, overwrite=args.overwrite, device=args.device,
               progress=not args.no_progress, governor=governor)
     except Interrupted as e:

@@ -187,6 +187,14 @@ def test_thread_governor_drops_to_one_thread_while_others_are_busy(monkeypatch, 
         torch.set_num_threads(old)
 
 
+def test_bad_save_limit_fails_before_the_data_loads(tmp_path):
+    r = subprocess.run([sys.executable, "train.py", "--preset", "demo", "--steps", "1", "--out", str(tmp_path / "r")],
+                       capture_output=True, text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)),
+                       env={**os.environ, "IMGGEN_SAVE_MB": "-3"})
+    assert r.returncode == 2 and "IMGGEN_SAVE_MB must be a number of MiB >= 0" in r.stderr, r.stderr
+    assert "molecules" not in r.stdout and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_sample_governor_uses_a_second_core_only_for_large_idle_batches(monkeypatch):
     """sample.py: 1 thread for small decode batches, every core for batches >= DECODE_MIN_BATCH
     while idle, 1 thread while others are busy; imggen.sample ticks it once per step."""
