@@ -138,12 +138,10 @@ def make_report(path: str, out: str | None = None, num: int = 16, seed: int = 0,
     is_mol = spec.split(":")[0] == "molecules"
     if is_mol and atoms != "off":
         from imggen.eval.atoms import readable_note
-        rep["atoms_note"] = readable_note(m.height, m.width)
-        if rep["atoms_note"]:
-            pass  # one line in the report instead of a table of zeros
-        elif not osra_available():
+        rep["atoms_note"] = readable_note(m.height, m.width)  # too small for OSRA: one line, not a table of zeros
+        if not rep["atoms_note"] and not osra_available():
             rep["notes"].append("atoms skipped: `osra` is not on PATH (apt-get install osra)")
-        elif data is not None:
+        elif not rep["atoms_note"] and data is not None:
             try:
                 r = run_atoms(run, num, seed, num_ref=num, spec=spec, data=data, images=imgs)
                 rep["atoms"] = r
