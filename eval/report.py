@@ -139,14 +139,14 @@ def make_report(path: str, out: str | None = None, num: int = 16, seed: int = 0,
     if is_mol and atoms != "off":
         from imggen.eval.atoms import readable_note
         rep["atoms_note"] = readable_note(m.height, m.width)  # too small for OSRA: one line, not a table of zeros
-        if not rep["atoms_note"] and not osra_available():
-            rep["notes"].append("atoms skipped: `osra` is not on PATH (apt-get install osra)")
-        elif not rep["atoms_note"] and data is not None:
-            try:
-                r = run_atoms(run, num, seed, num_ref=num, spec=spec, data=data, images=imgs)
-                rep["atoms"] = r
-            except Exception as e:  # noqa: BLE001 - OSRA/RDKit failures must not sink the report
-                rep["notes"].append(f"atoms failed: {type(e).__name__}: {e}")
+        if rep["atoms_note"] is None:
+            if not osra_available():
+                rep["notes"].append("atoms skipped: `osra` is not on PATH (apt-get install osra)")
+            elif data is not None:
+                try:
+                    rep["atoms"] = run_atoms(run, num, seed, num_ref=num, spec=spec, data=data, images=imgs)
+                except Exception as e:  # noqa: BLE001 - OSRA/RDKit failures must not sink the report
+                    rep["notes"].append(f"atoms failed: {type(e).__name__}: {e}")
 
     # FID (only when weights are given: the network is slow on CPU and few samples bias it)
     rep["fid"] = None

@@ -147,7 +147,8 @@ def train_main(argv=None) -> int:
     governor = set_threads(args.threads, "train")
     out = args.out
     try:
-        forced_backend(), save_limit()  # a bad IMGGEN_BACKEND / IMGGEN_SAVE_MB fails before the data loads
+        forced_backend()  # a bad IMGGEN_BACKEND or IMGGEN_SAVE_MB fails before the data loads
+        save_limit()
         train(cfg, out, resume=args.resume, overwrite=args.overwrite, device=args.device,
               progress=not args.no_progress, governor=governor)
     except Interrupted as e:

@@ -200,24 +200,23 @@ def test_sample_governor_uses_a_second_core_only_for_large_idle_batches(monkeypa
     while idle, 1 thread while others are busy; imggen.sample ticks it once per step."""
     import imggen.threads as T
     old = torch.get_num_threads()
-    monkeypatch.setattr(T, "CHECK_S", 3600.0)  # only set_idle forces a recheck
+    monkeypatch.setattr(T, "CHECK_S", 3600.0)  # until below, only a change of the idle count rechecks
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     load = {"others": 0.0}
     monkeypatch.setattr(T, "runnable_others", lambda: load["others"])
     monkeypatch.setattr(T.os, "cpu_count", lambda: 2)
     try:
-        gov = T.set_threads(None, "sample")
+        T.set_threads(None, "sample")
         assert torch.get_num_threads() == 1
         T.decode_tick(1)
         assert torch.get_num_threads() == 1
         T.decode_tick(T.DECODE_MIN_BATCH)
         assert torch.get_num_threads() == 2
         load["others"] = 2.0
-        gov.set_idle(1)
+        monkeypatch.setattr(T, "CHECK_S", 0.0)  # recheck the load at every tick from here on
         T.decode_tick(16)  # busy: back to one thread
         assert torch.get_num_threads() == 1
         ticks = []
-        monkeypatch.setattr(T, "decode_tick", ticks.append)
         import imggen.sampling
         monkeypatch.setattr(imggen.sampling, "decode_tick", ticks.append)
         from imggen.config import ModelConfig
