@@ -1,6 +1,6 @@
 """The presets on this CPU: sampling, training memory, and shared cores, for one checkout or two.
 
-    python bench/presets.py [--before /path/to/old/checkout] [--parts grid,memory,shared]
+    python bench/presets.py [--before /path/to/old/checkout] [--parts grid,inpaint,memory,shared]
                             [--out bench/results/presets.md]
 
 Every measurement runs in a fresh process that imports imggen from the checkout being measured, with
@@ -8,6 +8,10 @@ that checkout's default thread behaviour (what a user of it gets), so a `--befor
 `git worktree` of an older commit) gives the before column:
 * grid: seconds to sample a 16-image grid (batch 16, eviction caches, random weights: the speed does
   not depend on them) for the brats and cifar presets, and decode tokens/s;
+* inpaint: seconds to fill the holes of 2 images, best of 8 candidates each (one batch of 16:
+  `generate(..., rank=8)`, as bench/inpaint.py's unconditional column), random weights and tokens,
+  for two mask kinds: "lesions" (three discs per image, ~2% of the pixels, like brats-demo's masks)
+  and "centre" (the centre square of half the side, 25% of the pixels);
 * memory: peak resident memory of one training step (forward, backward, AdamW) of the demo, cifar
   and brats presets at their batch sizes (random data), and with activation checkpointing where
   the checkout has it;
@@ -75,6 +79,43 @@ def worker_grid(repo: str, preset: str) -> dict:
     sample(model, 16, seed=0)
     dt = time.perf_counter() - t0
     return {"seconds": dt, "tokens_per_s": 16 * cfg.seq_len / dt, "threads": torch.get_num_threads()}
+
+
+def hole_masks(kind: str, height: int, width: int, seed: int = 0):
+    """(2, H, W) bool holes (True = unknown): "lesions" = three discs per image, "centre" = the
+    centre square of half the side."""
+    import numpy as np
+
+    y, x = np.mgrid[:height, :width]
+    masks = np.zeros((2, height, width), dtype=bool)
+    if kind == "centre":
+        masks[:, height // 4: height // 4 + height // 2, width // 4: width // 4 + width // 2] = True
+        return masks
+    rng = np.random.default_rng(seed)
+    r = max(1.0, 0.05 * min(height, width))
+    for m in masks:
+        for cy, cx in rng.uniform(0.2, 0.8, (3, 2)) * (height, width):
+            m |= (y - cy) ** 2 + (x - cx) ** 2 <= r * r
+    return masks
+
+
+def worker_inpaint(repo: str, preset: str, kind: str) -> dict:
+    import torch
+    from imggen.config import preset as get
+    from imggen.model import ImageTransformer
+    from imggen.sampling import generate
+
+    _policy(repo, "sample")
+    cfg = get(preset).model
+    torch.manual_seed(0)
+    model = ImageTransformer(cfg).eval()
+    holes = torch.from_numpy(hole_masks(kind, cfg.height, cfg.width))
+    known_mask = ~holes[..., None].expand(-1, -1, -1, cfg.channels).reshape(2, -1)
+    known = torch.randint(0, cfg.vocab, (2, cfg.seq_len))
+    t0 = time.perf_counter()
+    generate(model, 2, known, known_mask, rank=8, batch_size=16, seed=0)
+    dt = time.perf_counter() - t0
+    return {"seconds": dt, "hole_frac": float(holes.float().mean()), "threads": torch.get_num_threads()}
 
 
 def worker_memory(repo: str, preset: str, checkpointing: bool) -> dict:
@@ -171,7 +212,7 @@ def fmt(r: dict, key: str, unit: str = "", nd: int = 2) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", help="another checkout (e.g. a git worktree of an older commit)")
-    ap.add_argument("--parts", default="grid,memory,shared")
+    ap.add_argument("--parts", default="grid,inpaint,memory,shared")
     ap.add_argument("--out", default=os.path.join(HERE, "bench", "results", "presets.md"))
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -179,6 +220,7 @@ def main(argv=None) -> int:
         repo, kind, *rest = args.worker
         _import(repo)
         fn = {"grid": lambda: worker_grid(repo, rest[0]),
+              "inpaint": lambda: worker_inpaint(repo, rest[0], rest[1]),
               "memory": lambda: worker_memory(repo, rest[0], rest[1] == "1"),
               "demo": lambda: worker_demo(repo)}[kind]
         print(json.dumps(fn()))
@@ -195,6 +237,20 @@ def main(argv=None) -> int:
             lines.append(f"| {preset} | " + " | ".join(
                 r.get("error") or f"{r['seconds']:.1f} ({r['tokens_per_s']:.0f}, {r['threads']})" for r in res) + " |")
             print(lines[-1], flush=True)
+        lines.append("")
+    if "inpaint" in parts:
+        lines += ["## Inpainting 2 images, best of 8 each (one batch of 16, random weights)", "",
+                  "| preset | holes | " + " | ".join(f"{c}: s (threads)" for c in cols)
+                  + (" | speed-up |" if len(cols) == 2 else " |"), "|---|---|" + "---|" * (len(cols) + (len(cols) == 2))]
+        for preset in ("brats", "cifar"):
+            for kind in ("lesions", "centre"):
+                res = [run_worker(repos[c], "inpaint", preset, kind) for c in cols]
+                frac = next((f" ({r['hole_frac']:.0%})" for r in res if "hole_frac" in r), "")
+                ratio = [f"{res[0]['seconds'] / res[1]['seconds']:.1f}x"] if len(cols) == 2 and not any(
+                    "error" in r for r in res) else ["-"] * (len(cols) == 2)
+                lines.append(f"| {preset} | {kind}{frac} | " + " | ".join(
+                    [r.get("error") or f"{r['seconds']:.1f} ({r['threads']})" for r in res] + ratio) + " |")
+                print(lines[-1], flush=True)
         lines.append("")
     if "memory" in parts:
         lines += ["## Peak memory of one training step at the preset's batch size", "",

@@ -15,6 +15,9 @@ preallocated slots updated in place; `positions[slot]` records which token posit
   cache's own k and v, at most PLAN_STEPS): the exact readable slots,
   gathered (local2d reads ~(r+1)(2r+1) of its r*W+r+1 slots; column heads their column), or all
   slots under a mask; `pattern.read_mask` per step only for the keep-all baseline;
+* runs of known positions (inpainting): `extend` takes positions t0..t0+m-1 in one call, each
+  query reading the held slots and the new positions its pattern allows, and leaves the cache as m
+  decode steps would;
 * head groups (strided): one cache per group of heads.
 Debug mode (`IMGGEN_CACHE_DEBUG=1` or `imggen.decode.DEBUG = True`) checks `last_reads` against
 `pattern.mask`, every slot reuse, and that no query reads an evicted position.
@@ -39,13 +42,19 @@ DEBUG = os.environ.get("IMGGEN_CACHE_DEBUG", "") not in ("", "0")
 
 
 # --------------------------------------------------------------------------------- attention
+def attention_probs(q, k, bias=None) -> torch.Tensor:
+    """Softmax rows of queries q (B, H, M, D) over keys k (B, H, L, D) -> (B, H, M, L); bias
+    additive (0 or -inf), broadcastable to (B, H, M, L). Rows with nothing to read -> 0."""
+    s = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))
+    if bias is not None:
+        s.add_(bias.to(s.dtype))
+    return torch.softmax(s, dim=-1).nan_to_num_(0.0)
+
+
 def decode_probs(q, k, key_bias=None) -> torch.Tensor:
     """Softmax row of one query per (batch, head): q (B, H, D), k (B, H, L, D) -> (B, H, 1, L);
-    key_bias additive (0 or -inf), broadcastable to (B, H, L). Rows with nothing to read -> 0."""
-    s = torch.matmul(q.unsqueeze(2), k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))
-    if key_bias is not None:
-        s = s + key_bias.unsqueeze(-2).to(s.dtype)
-    return torch.softmax(s, dim=-1).nan_to_num_(0.0)
+    key_bias additive (0 or -inf), broadcastable to (B, H, L)."""
+    return attention_probs(q.unsqueeze(2), k, None if key_bias is None else key_bias.unsqueeze(-2))
 
 
 def decode_attention_reference(q, k_cache, v_cache, key_bias=None) -> torch.Tensor:
@@ -144,6 +153,7 @@ class ReadPlan:
 GATHER_FRACTION = 0.5   # gather the readable slots when they are at most this part of the cache
 PLAN_STEPS = 1024       # steps per read plan at most: its memory is bounded, whatever the image size
 MIN_PLAN_STEPS = 16     # ... and at least (unless PLAN_STEPS is smaller)
+EXTEND_BYTES = 8 << 20  # attention scores of one Cache.extend part at most
 
 
 def read_plan(pattern: Pattern, n: int, heads: int, plan: SlotPlan, t0: int, t1: int, tables) -> ReadPlan:
@@ -273,6 +283,47 @@ class Cache:
                 z_prev = read(self.z[step - 1])
         return z
 
+    def extend(self, q, k, v, t0: int) -> torch.Tensor:
+        """Positions t0..t0+m-1 at once (q, k, v: (B, H, m, D)) into a cache that holds what decode
+        holds after step t0-1 -> their attention outputs (B, H, m, D), equal to m decode steps'.
+        Each query reads the held positions and the new ones its pattern allows (a slot that those
+        steps would overwrite holds a position no query from t0 on may read), then the new
+        positions are stored in the slots decode gives them. Long runs go in parts of at most
+        EXTEND_BYTES of scores, each part reading what the earlier ones stored."""
+        b, heads, m, _ = q.shape
+        part = PLAN_STEPS
+        while part > 1 and 4 * b * heads * part * (self.capacity + part) > EXTEND_BYTES:
+            part //= 2
+        if m > part:
+            return torch.cat([self.extend(q[:, :, i:i + part], k[:, :, i:i + part], v[:, :, i:i + part], t0 + i)
+                              for i in range(0, m, part)], dim=2)
+        held = self.positions.clone() if self.debug else None
+        t = torch.arange(t0, t0 + m, device=self.positions.device)
+        h = torch.arange(self.pattern.head_count(heads), device=t.device)[:, None, None]
+        ok = self.pattern.allowed(t[None, :, None], torch.cat([self.positions, t])[None, None, :], h, self.tables)
+        bias = self._per_head(torch.zeros(ok.shape, dtype=q.dtype, device=q.device).masked_fill_(~ok, float("-inf")))
+        a = attention_probs(q, torch.cat([self.k, k], 2), bias)  # (B, H, m, capacity + m)
+        z, states = torch.cat([self.v, v], 2), []
+        if self.z is None:
+            out = torch.matmul(a, z)
+        else:  # diffusion: Z_s = (1 - alpha) A Z_(s-1) + alpha V over the held and the new positions
+            p = self.pattern
+            for s in range(1, p.steps + 1):
+                out = (1 - p.alpha) * torch.matmul(a, z) + p.alpha * v
+                if s < p.steps:
+                    states.append(out)
+                    z = torch.cat([self.z[s - 1], out], 2)
+        # store: when the run wraps around a ring, a slot keeps the last position decode writes there
+        slots = self.plan.slots[t0:t0 + m]
+        keep = m - 1 - np.unique(slots[::-1], return_index=True)[1]
+        idx, src = torch.from_numpy(slots[keep]).to(t.device), torch.from_numpy(keep).to(t.device)
+        for buf, new in zip([self.k, self.v, *([] if self.z is None else self.z)], [k, v, *states]):
+            buf[:, :, idx] = new[:, :, src].to(buf.dtype)
+        self.positions[idx] = t[src]
+        if self.debug:
+            self._check_extend(t0, t0 + m, held)
+        return out
+
     def prefill(self, q, k, v) -> None:
         """Fill from a parallel forward over positions 0..n0-1 (q, k, v: (B, H, n0, D)): only the
         positions some query >= n0 may still read, each to the slot decode would have given it."""
@@ -312,6 +363,17 @@ class Cache:
             assert torch.equal(got, want), f"{self.pattern.name}: query {t} head {h} reads {got.tolist()}, " \
                                            f"should read {want.tolist()}"
 
+    def _check_extend(self, t0: int, t1: int, held) -> None:
+        """Queries t0..t1-1 found every earlier position they may read; the cache then holds every
+        position a later query may read, in the slot decode gives it."""
+        before = set(held.tolist())
+        for t in range(t0, t1):
+            need = set(torch.nonzero(self._must_hold[t, :t0]).view(-1).tolist())
+            assert need <= before, f"{self.pattern.name}: query {t} reads evicted {sorted(need - before)[:10]}"
+        live = np.flatnonzero(self._true_last[:t1] >= t1)
+        assert (self.positions.cpu()[torch.from_numpy(self.plan.slots[live])].numpy() == live).all(), \
+            f"{self.pattern.name}: extend to {t1} lost a position a later query reads"
+
     def _check_prefill(self, n0, pos, slots) -> None:
         assert bool((self.positions < 0).all()), "prefill into a used cache"
         assert len(set(slots.tolist())) == len(slots), "prefill maps two positions to one slot"
@@ -333,6 +395,12 @@ class GroupCache:
         out = torch.empty_like(q)
         for idx, c in zip(self.groups, self.caches):
             out[:, idx] = c.attend(q[:, idx], k[:, idx], v[:, idx], t)
+        return out
+
+    def extend(self, q, k, v, t0):
+        out = torch.empty_like(q)
+        for idx, c in zip(self.groups, self.caches):
+            out[:, idx] = c.extend(q[:, idx], k[:, idx], v[:, idx], t0)
         return out
 
     def prefill(self, q, k, v):

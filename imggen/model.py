@@ -6,7 +6,8 @@ pixels on every side; see imggen.context). Internally the input at position t is
 vector at t = 0) plus factorised row/column/channel embeddings of position t, so the query at t
 predicts subpixel t and reads positions the layer's pattern allows.
 
-`model.step(prev, t, caches)` computes the logits at position t from the caches (decode path).
+`model.step(prev, t, caches)` computes the logits at position t from the caches (decode path);
+`model.extend(prev, t0, caches)` those of a run of positions with known inputs, in one pass.
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ from imggen.attention import forced_backend, sparse_attention
 from imggen.tokens import position_coords
 
 
+EXTEND_TOKENS = 1024  # batch x positions per pass of ImageTransformer.extend (measured: bench/RESULTS.md 8)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, pattern: Pattern):
         super().__init__()
@@ -35,13 +39,17 @@ class Attention(nn.Module):
         b, n, _ = qkv.shape
         return qkv.view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
-    def forward(self, qkv, cache=None):
-        """qkv = self.qkv(normalised x), (B, N, 3*dim) -> (B, N, dim)."""
+    def forward(self, qkv, cache=None, t0: int | None = None):
+        """qkv = self.qkv(normalised x), (B, N, 3*dim) -> (B, N, dim); with t0, positions
+        t0..t0+N-1 through `cache` (Cache.extend), else positions 0..N-1 (prefilling `cache`)."""
         b, n, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         q, k, v = self._qkv(qkv)
-        o = sparse_attention(q, k, v, self.pattern, self.backend)
-        if cache is not None:  # prefill: hand the cache every position's k, v (and diffusion states)
-            cache.prefill(q, k, v)
+        if t0 is not None:
+            o = cache.extend(q, k, v, t0)
+        else:
+            o = sparse_attention(q, k, v, self.pattern, self.backend)
+            if cache is not None:  # prefill: hand the cache every position's k, v (and diffusion states)
+                cache.prefill(q, k, v)
         return self.proj(o.transpose(1, 2).reshape(b, n, c))
 
     def step(self, x, t: int, cache):
@@ -60,9 +68,9 @@ class Block(nn.Module):
                                  nn.Linear(hidden, cfg.dim))
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()  # p=0 saves no mask
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, t0=None):
         # LayerNorms fused into the layers that read them (imggen.fused): the backward recomputes them
-        x = x + self.drop(self.attn(ln_linear(x, self.ln1, self.attn.qkv), cache))
+        x = x + self.drop(self.attn(ln_linear(x, self.ln1, self.attn.qkv), cache, t0))
         return x + self.drop(ln_mlp(x, self.ln2, self.mlp[0], self.mlp[2]))
 
     def step(self, x, t, cache):
@@ -166,12 +174,33 @@ class ImageTransformer(nn.Module):
             x = self.start.expand(caches[0].batch, -1)
         else:
             x = self.tok_emb(prev.view(-1))
-        x = x + self.pos_emb(t, t + 1)  # (B, dim): one position, 2-D throughout
-        if self.context is not None:
-            if features is None:
-                raise ShapeError("this model was trained for inpainting with a context: pass features="
-                                 "model.context_features(context, batch) to step()")
-            x = x + features[:, t]
+        x = self._add_features(x + self.pos_emb(t, t + 1), features, t)  # (B, dim): 2-D throughout
         for blk, cache in zip(self.blocks, caches):
             x = blk.step(x, t, cache)
         return self.head(self.ln_f(x))
+
+    @torch.no_grad()
+    def extend(self, prev: torch.Tensor, t0: int, caches, features: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, m, V) at positions t0..t0+m-1 (t0 >= 1) given tokens t0-1..t0+m-2 (`prev`,
+        (B, m) long), as m calls of step() would give them and leaving the caches as they would: one
+        pass for a run of known tokens (inpainting, teacher forcing)."""
+        if t0 < 1 or prev.dim() != 2 or t0 + prev.shape[1] > self.config.seq_len:
+            raise ShapeError(f"extend takes t0 >= 1 and tokens (B, m) with t0 + m <= {self.config.seq_len}; "
+                             f"got t0={t0}, {tuple(prev.shape)}")
+        step = max(1, EXTEND_TOKENS // prev.shape[0])
+        if prev.shape[1] > step:  # in parts: small intermediates stay in the allocator's reused memory
+            return torch.cat([self.extend(prev[:, i:i + step], t0 + i, caches, features)
+                              for i in range(0, prev.shape[1], step)], dim=1)
+        t1 = t0 + prev.shape[1]
+        x = self._add_features(self.tok_emb(prev) + self.pos_emb(t0, t1), features, slice(t0, t1))
+        for blk, cache in zip(self.blocks, caches):
+            x = blk(x, cache, t0)
+        return self.head(self.ln_f(x))
+
+    def _add_features(self, x, features, at):
+        if self.context is None:
+            return x
+        if features is None:
+            raise ShapeError("this model was trained for inpainting with a context: pass features="
+                             "model.context_features(context, batch) to step() / extend()")
+        return x + features[:, at]

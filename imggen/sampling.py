@@ -54,7 +54,8 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
     """Draw token sequences (B, N) long. Positions where known_mask is True keep `known`;
     `context` (model.make_context) for context-trained models.
 
-    The longest prefix known for every image is processed in one parallel forward (prefill).
+    The longest prefix known for every image is processed in one parallel forward (prefill), and
+    each later run of positions known for every image in one pass through the caches (extend).
     With return_logprob=True also returns each sequence's total log-likelihood (nats).
     """
     cfg = model.config
@@ -74,25 +75,41 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
     feats = model.context_features(context, batch_size)
     tokens = torch.zeros(batch_size, n, dtype=torch.long, device=device)
     logp = torch.zeros(batch_size, device=device)
-    start = 0
+    run_end = [0] * n  # u > t: positions t..u-1 are known for every image; 0: t is not
     if known_mask is not None:
-        unknown = (~known_mask).any(0).nonzero()
-        start = int(unknown[0]) if len(unknown) else n
+        end = n
+        for t, every in reversed(list(enumerate(known_mask.all(0).tolist()))):
+            if every:
+                run_end[t] = end
+            else:
+                end = t
+    start = run_end[0]
+    if start:
         tokens[:, :start] = known[:, :start]
-        if start:
-            logits = model(tokens[:, :start], caches=caches, context=context)
-            logp += torch.log_softmax(logits.float(), -1).gather(-1, tokens[:, :start, None]).sum((1, 2))
+        logits = model(tokens[:, :start], caches=caches, context=context)
+        logp += torch.log_softmax(logits.float(), -1).gather(-1, tokens[:, :start, None]).sum((1, 2))
     # one step decodes batch_size tokens: unit_scale makes the bar's rate tokens/s
-    bar = tqdm(range(start, n), desc="sampling", unit="tok", unit_scale=batch_size, disable=not progress,
+    bar = tqdm(total=n - start, desc="sampling", unit="tok", unit_scale=batch_size, disable=not progress,
                leave=False)
-    for t in bar:
+    t = start
+    while t < n:
         decode_tick(batch_size)
-        logits = model.step(tokens[:, t - 1] if t else None, t, caches, feats)
-        nxt = _pick(logits, temperature, top_k, gen)
-        if known_mask is not None:
-            nxt = torch.where(known_mask[:, t], known[:, t], nxt)
-        logp += torch.log_softmax(logits.float(), -1).gather(-1, nxt[:, None])[:, 0]
-        tokens[:, t] = nxt
+        if run_end[t]:  # known for every image: one pass for the run
+            u = run_end[t]
+            tokens[:, t:u] = known[:, t:u]
+            logits = model.extend(tokens[:, t - 1:u - 1], t, caches, feats)
+            logp += torch.log_softmax(logits.float(), -1).gather(-1, tokens[:, t:u, None]).sum((1, 2))
+        else:
+            u = t + 1
+            logits = model.step(tokens[:, t - 1] if t else None, t, caches, feats)
+            nxt = _pick(logits, temperature, top_k, gen)
+            if known_mask is not None:
+                nxt = torch.where(known_mask[:, t], known[:, t], nxt)
+            logp += torch.log_softmax(logits.float(), -1).gather(-1, nxt[:, None])[:, 0]
+            tokens[:, t] = nxt
+        bar.update(u - t)
+        t = u
+    bar.close()
     return (tokens, logp) if return_logprob else tokens
 
 

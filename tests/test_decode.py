@@ -5,8 +5,10 @@ import pytest
 import torch
 
 import imggen.decode as dec
+import imggen.model
 from imggen.decode import make_cache, make_caches
 from imggen.config import ModelConfig
+from imggen.errors import ShapeError
 from imggen.model import ImageTransformer
 from imggen.patterns import make_pattern
 from imggen.sampling import generate, inpaint, sample, teacher_force
@@ -53,6 +55,62 @@ def test_teacher_force_parity(case, channels):
     p = model.config.seq_len // 2 + 1  # prefill, then decode
     out = teacher_force(model, x, cache="evict", prefill=p)
     assert (out - ref).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("parts", ["whole", "split"])
+@pytest.mark.parametrize("cache", ["evict", "full"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_extend_runs_equal_the_forward(case, cache, parts, monkeypatch):
+    """model.extend (a run of known positions in one pass) mixed with decode steps gives the
+    forward's logits and leaves the caches as the steps would (debug mode checks every slot); runs
+    longer than a ring wrap around it; "split": the model passes each run in parts of 3 positions
+    and the caches attend in parts of one."""
+    if parts == "split":
+        monkeypatch.setattr(dec, "EXTEND_BYTES", 1)
+        monkeypatch.setattr(imggen.model, "EXTEND_TOKENS", 6)
+    model = _model(3, **CASES[case])
+    n = model.config.seq_len
+    g = torch.Generator().manual_seed(2)
+    x = torch.randint(0, 16, (2, n), generator=g)
+    with torch.no_grad():
+        ref = model(x)
+    caches = make_caches(model, 2, cache)
+    out, t = [model.step(None, 0, caches)[:, None]], 1
+    while t < n:
+        u = min(n, t + int(torch.randint(1, 40, (1,), generator=g)))
+        if torch.rand(1, generator=g) < 0.5:
+            out.append(model.extend(x[:, t - 1:u - 1], t, caches))
+        else:
+            out += [model.step(x[:, i - 1], i, caches)[:, None] for i in range(t, u)]
+        t = u
+    assert (torch.cat(out, 1) - ref).abs().max() <= 1e-4
+    with pytest.raises(ShapeError, match="t0 >= 1"):
+        model.extend(x[:, :3], 0, caches)
+
+
+@pytest.mark.parametrize("case", ["local2d", "diffuser", "mixed"])
+def test_sampling_known_runs_in_one_pass_equals_steps(case, monkeypatch):
+    """Inpainting passes runs of positions known for every image through model.extend: greedy fills
+    and log-likelihoods equal those of decoding every position by steps."""
+    model = _model(3, **CASES[case])
+    n = model.config.seq_len
+    known = torch.randint(0, 16, (2, n), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones(2, n, dtype=torch.bool)
+    mask[:, 20:26] = False
+    mask[0, 40:43] = False
+    mask[1, 60:61] = False
+    fast = sample(model, 2, known, mask, top_k=1, return_logprob=True)
+    calls = []
+
+    def by_steps(prev, t0, caches, features=None):
+        calls.append(t0)
+        return torch.stack([model.step(prev[:, i], t0 + i, caches, features) for i in range(prev.shape[1])], 1)
+
+    monkeypatch.setattr(model, "extend", by_steps)
+    slow = sample(model, 2, known, mask, top_k=1, return_logprob=True)
+    assert calls == [26, 43, 61]  # the runs after each hole; the prefix 0..19 is a prefill
+    assert torch.equal(fast[0], slow[0])
+    torch.testing.assert_close(fast[1], slow[1], atol=1e-4, rtol=1e-6)
 
 
 @pytest.mark.parametrize("kind,params", [
