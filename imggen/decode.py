@@ -292,7 +292,7 @@ class Cache:
         EXTEND_BYTES of scores, each part reading what the earlier ones stored."""
         b, heads, m, _ = q.shape
         part = PLAN_STEPS
-        while part > 1 and 4 * b * heads * part * (self.capacity + part) > EXTEND_BYTES:
+        while part > 1 and q.element_size() * b * heads * part * (self.capacity + part) > EXTEND_BYTES:
             part //= 2
         if m > part:
             return torch.cat([self.extend(q[:, :, i:i + part], k[:, :, i:i + part], v[:, :, i:i + part], t0 + i)

@@ -183,7 +183,7 @@ class ImageTransformer(nn.Module):
     def extend(self, prev: torch.Tensor, t0: int, caches, features: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, m, V) at positions t0..t0+m-1 (t0 >= 1) given tokens t0-1..t0+m-2 (`prev`,
         (B, m) long), as m calls of step() would give them and leaving the caches as they would: one
-        pass for a run of known tokens (inpainting, teacher forcing)."""
+        pass for a run of known tokens (inpainting: imggen.sampling.sample)."""
         if t0 < 1 or prev.dim() != 2 or t0 + prev.shape[1] > self.config.seq_len:
             raise ShapeError(f"extend takes t0 >= 1 and tokens (B, m) with t0 + m <= {self.config.seq_len}; "
                              f"got t0={t0}, {tuple(prev.shape)}")
