@@ -10,6 +10,7 @@ import torch
 
 import imggen
 from imggen.config import ModelConfig
+from imggen.decode import make_caches
 from imggen.errors import ConfigError, ShapeError
 from imggen.model import ImageTransformer
 from imggen.sampling import inpaint_images, teacher_force
@@ -73,6 +74,12 @@ def test_target_stays_causal_and_decode_equals_forward(attention):
         assert torch.equal(m(y, context=ctx)[:, : t + 1], base[:, : t + 1])  # nothing after t is read
     assert (teacher_force(m, x, context=ctx) - base).abs().max() <= 1e-4
     assert (teacher_force(m, x, prefill=n // 3, context=ctx) - base).abs().max() <= 1e-4
+    caches, feats = make_caches(m, 2), m.context_features(ctx, 2)  # a known run in one pass (extend)
+    out = [m.step(None, 0, caches, feats)[:, None], m.extend(x[:, :n // 2 - 1], 1, caches, feats)]
+    out += [m.step(x[:, i - 1], i, caches, feats)[:, None] for i in range(n // 2, n)]
+    assert (torch.cat(out, 1) - base).abs().max() <= 1e-4
+    with pytest.raises(ShapeError, match="features="):
+        m.extend(x[:, :3], 1, caches)
 
 
 def test_known_pixels_come_back_exactly_and_point_estimates():
