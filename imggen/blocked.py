@@ -127,9 +127,10 @@ class BandWindows(Windows):
             buf[(g0 + t) * bq:(g1 + t) * bq].view(g1 - g0, bq, d).add_(dw[:, t * bq:(t + 1) * bq])
 
 
-def _bias(forbidden: torch.Tensor) -> torch.Tensor:
-    """Additive float32 mask: -inf where forbidden, else 0 (adding it costs a tenth of masked_fill_)."""
-    return torch.zeros(forbidden.shape).masked_fill_(forbidden, float("-inf"))
+def additive_mask(ok: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """0 where `ok`, -inf elsewhere, on ok's device: an attention mask to add to the scores (adding
+    it costs a tenth of a masked_fill_)."""
+    return torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill_(~ok, float("-inf"))
 
 
 @functools.lru_cache(maxsize=64)
@@ -148,7 +149,7 @@ def _band_bias(pattern: Pattern, n: int, bq: int, m: int):
     steady = exact(m)
     if nqb - 1 > m and not torch.equal(exact(nqb - 1), steady):
         raise AssertionError(f"{pattern}: band() period {bq} does not match its rule")
-    return _bias(first), _bias(steady)
+    return additive_mask(~first), additive_mask(~steady)
 
 
 class GatherWindows(Windows):
@@ -195,7 +196,7 @@ def _gather_bias(pattern: Pattern, n: int, heads: int, block: int) -> torch.Tens
     qi = torch.arange(nqb * block).view(nqb, block, 1)
     kj = (plan.keys.clamp(min=0)[..., None] * block + torch.arange(block)).view(hl, nqb, 1, m * block)
     pad = (plan.keys < 0).repeat_interleave(block, -1).view(hl, nqb, 1, m * block)
-    return _bias(~torch.stack([pattern.allowed(qi, kj[h], h, tables) for h in range(hl)]) | pad)
+    return additive_mask(torch.stack([pattern.allowed(qi, kj[h], h, tables) for h in range(hl)]) & ~pad)
 
 
 def make_windows(pattern: Pattern, n: int, heads: int, block: int = DEFAULT_BLOCK) -> Windows:

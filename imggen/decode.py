@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from imggen.attention import forced_backend
+from imggen.blocked import additive_mask
 from imggen.errors import ShapeError
 from imggen.patterns import Pattern
 
@@ -169,10 +170,10 @@ def read_plan(pattern: Pattern, n: int, heads: int, plan: SlotPlan, t0: int, t1:
     ok = pattern.allowed(t[:, None, None], pos[:, None, :], h, tables) & (pos >= 0)[:, None, :]  # (T, HL, cap)
     k = int(ok.sum(-1).max())
     if k > GATHER_FRACTION * cap:
-        return ReadPlan(t0, t1, None, torch.zeros(ok.shape).masked_fill_(~ok, float("-inf")))
+        return ReadPlan(t0, t1, None, additive_mask(ok))
     order = torch.sort((~ok).to(torch.int8), dim=-1, stable=True).indices[..., :k]  # readable slots first
     sel = torch.gather(ok, -1, order)
-    return ReadPlan(t0, t1, order.masked_fill(~sel, 0), torch.zeros(sel.shape).masked_fill_(~sel, float("-inf")))
+    return ReadPlan(t0, t1, order.masked_fill(~sel, 0), additive_mask(sel))
 
 
 # ------------------------------------------------------------------------------------ caches
@@ -225,7 +226,7 @@ class Cache:
         if self.unmasked:
             assert bool(ok.all()), f"{self.pattern.name}: ring holds a position query {t} may not read"
             return None
-        return torch.zeros(ok.shape, dtype=self.k.dtype, device=ok.device).masked_fill_(~ok, float("-inf"))
+        return additive_mask(ok, self.k.dtype)
 
     def attend(self, q, k, v, t: int) -> torch.Tensor:
         """Store position t's k, v (B, H, D) and return its attention output (B, H, D)."""
@@ -301,7 +302,7 @@ class Cache:
         t = torch.arange(t0, t0 + m, device=self.positions.device)
         h = torch.arange(self.pattern.head_count(heads), device=t.device)[:, None, None]
         ok = self.pattern.allowed(t[None, :, None], torch.cat([self.positions, t])[None, None, :], h, self.tables)
-        bias = self._per_head(torch.zeros(ok.shape, dtype=q.dtype, device=q.device).masked_fill_(~ok, float("-inf")))
+        bias = self._per_head(additive_mask(ok, q.dtype))
         a = attention_probs(q, torch.cat([self.k, k], 2), bias)  # (B, H, m, capacity + m)
         z, states = torch.cat([self.v, v], 2), []
         if self.z is None:

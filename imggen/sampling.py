@@ -47,6 +47,11 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, gen) -> t
     return torch.multinomial(probs.cpu(), 1, generator=gen).view(-1).to(logits.device)
 
 
+def _loglik(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Log-likelihood (nats) per sequence of tokens (B, m) under logits (B, m, V)."""
+    return torch.log_softmax(logits.float(), -1).gather(-1, tokens[..., None]).sum((1, 2))
+
+
 @torch.no_grad()
 def sample(model, batch_size: int, known=None, known_mask=None, temperature: float = 1.0,
            top_k: int | None = None, seed: int | None = None, cache: str = "evict",
@@ -87,7 +92,7 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
     if start:
         tokens[:, :start] = known[:, :start]
         logits = model(tokens[:, :start], caches=caches, context=context)
-        logp += torch.log_softmax(logits.float(), -1).gather(-1, tokens[:, :start, None]).sum((1, 2))
+        logp += _loglik(logits, tokens[:, :start])
     # one step decodes batch_size tokens: unit_scale makes the bar's rate tokens/s
     bar = tqdm(total=n - start, desc="sampling", unit="tok", unit_scale=batch_size, disable=not progress,
                leave=False)
@@ -98,15 +103,15 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
             u = run_end[t]
             tokens[:, t:u] = known[:, t:u]
             logits = model.extend(tokens[:, t - 1:u - 1], t, caches, feats)
-            logp += torch.log_softmax(logits.float(), -1).gather(-1, tokens[:, t:u, None]).sum((1, 2))
+            logp += _loglik(logits, tokens[:, t:u])
         else:
             u = t + 1
             logits = model.step(tokens[:, t - 1] if t else None, t, caches, feats)
             nxt = _pick(logits, temperature, top_k, gen)
             if known_mask is not None:
                 nxt = torch.where(known_mask[:, t], known[:, t], nxt)
-            logp += torch.log_softmax(logits.float(), -1).gather(-1, nxt[:, None])[:, 0]
             tokens[:, t] = nxt
+            logp += _loglik(logits[:, None], tokens[:, t:u])
         bar.update(u - t)
         t = u
     bar.close()
