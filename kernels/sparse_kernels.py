@@ -17,8 +17,8 @@ Diffuser: `_fwd` with WRITE_P stores A = softmax on the layout's blocks ((B, H, 
 for fp32 inputs, else the input dtype: the diffusion steps are bound by reading A). `_spmm`
 multiplies by A or A^T (transposed work items, long rows split into chunks) and mixes in a sum
 of restart terms; `_diff_ds` forms dA from the saved states (one accumulation over the states'
-contiguous K*D axis), dS = A * (dA - rowsum(A * dA)) with the row sums taken from the states, and
-dQ = dS K in the same pass.
+contiguous K*D axis), dS = A * (dA - rowsum(A * dA)) with the row sums taken from the states (fp32)
+or from a first pass over the blocks (half precision), and dQ = dS K in the same pass.
 """
 from __future__ import annotations
 
@@ -497,6 +497,15 @@ def _spmm(P, X, Y, OUT, PART, LAY, CNT, TLAY, ITEMS, H, HL, N, NQB, NKB, M, MT, 
 
 
 @triton.jit
+def _da(gp, zp, rows, cols, kd, N, STEPS, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr):
+    """sum_k G_k[rows] Z_k[cols]^T over the states' K*D axis: a BM x BN tile of dA / c1."""
+    da = tl.zeros([BM, BN], tl.float32)
+    for k in range(0, STEPS):
+        da += _dot(_rows(gp + k * D, rows, kd, N, D, True), tl.trans(_rows(zp + k * D, cols, kd, N, D, True)), IEEE)
+    return da
+
+
+@triton.jit
 def _diff_ds(P, DS, G, ZS, ZK, V, K, DQ, LAY, CNT, H, HL, N, NQB, M, STEPS,
              svb, svh, svn, skb, skh, skn, c1, alpha, scale,
              BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr):
@@ -504,8 +513,10 @@ def _diff_ds(P, DS, G, ZS, ZK, V, K, DQ, LAY, CNT, H, HL, N, NQB, M, STEPS,
 
     G, ZS: (B, H, N, STEPS, D) contiguous, G[.., k, :] = dL/dZ_(k+1), ZS[.., k, :] = Z_k; ZK = Z_STEPS
     (B, H, N, D). dA = c1 * sum_k G_k Z_k^T, accumulated over the states' contiguous K*D axis.
-    rowsum(A * dA)_i = sum_k <G_k[i], Z_(k+1)[i] - alpha V[i]>, since c1 A Z_k = Z_(k+1) - alpha V:
-    no pass over dA is needed for it.
+    fp32 (IEEE): rowsum(A * dA)_i = sum_k <G_k[i], Z_(k+1)[i] - alpha V[i]>, since c1 A Z_k = Z_(k+1) -
+    alpha V. Half precision: the stored states carry 8 (bf16) or 11 (fp16) bits, and dA - rowsum
+    cancels where diffusion has smoothed the states, so that identity's rounding error dominated dQ
+    (3x the dense bf16 reference's error on an H200); a first pass sums A * dA itself.
     """
     qb = tl.program_id(0)
     bh, b, h, hl = _head(H, HL)
@@ -513,30 +524,33 @@ def _diff_ds(P, DS, G, ZS, ZK, V, K, DQ, LAY, CNT, H, HL, N, NQB, M, STEPS,
     kd = STEPS * D
     gp = G + bh * N * kd
     zp = ZS + bh * N * kd
-    gsum = tl.zeros([BM, D], tl.float32)
-    rowdot = tl.zeros([BM], tl.float32)
-    for k in range(0, STEPS - 1):
-        g = _rows(gp + k * D, rows, kd, N, D, True).to(tl.float32)
-        rowdot += tl.sum(g * _rows(zp + (k + 1) * D, rows, kd, N, D, True).to(tl.float32), 1)
-        gsum += g
-    g = _rows(gp + (STEPS - 1) * D, rows, kd, N, D, True).to(tl.float32)
-    rowdot += tl.sum(g * _rows(ZK + bh * N * D, rows, D, N, D, True).to(tl.float32), 1)
-    gsum += g
-    rowdot -= alpha * tl.sum(gsum * _rows(V + b * svb + h * svh, rows, svn, N, D, True).to(tl.float32), 1)
-
     kp = K + b * skb + h * skh
     lay = LAY + (hl * NQB + qb) * M
     blk = (bh * NQB + qb) * M * BM * BN
     tile = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    count = tl.load(CNT + (hl * NQB + qb) * 2 + 1)
+    rowdot = tl.zeros([BM], tl.float32)
+    if IEEE:
+        gsum = tl.zeros([BM, D], tl.float32)
+        for k in range(0, STEPS - 1):
+            g = _rows(gp + k * D, rows, kd, N, D, True).to(tl.float32)
+            rowdot += tl.sum(g * _rows(zp + (k + 1) * D, rows, kd, N, D, True).to(tl.float32), 1)
+            gsum += g
+        g = _rows(gp + (STEPS - 1) * D, rows, kd, N, D, True).to(tl.float32)
+        rowdot += tl.sum(g * _rows(ZK + bh * N * D, rows, D, N, D, True).to(tl.float32), 1)
+        gsum += g
+        rowdot -= alpha * tl.sum(gsum * _rows(V + b * svb + h * svh, rows, svn, N, D, True).to(tl.float32), 1)
+    else:
+        for s in range(0, count):
+            cols = tl.load(lay + s) * BN + tl.arange(0, BN)
+            a = tl.load(P + blk + s * BM * BN + tile).to(tl.float32)
+            rowdot += tl.sum(a * _da(gp, zp, rows, cols, kd, N, STEPS, BM, BN, D, IEEE), 1) * c1
+
     dq = tl.zeros([BM, D], tl.float32)
-    for s in range(0, tl.load(CNT + (hl * NQB + qb) * 2 + 1)):
+    for s in range(0, count):
         cols = tl.load(lay + s) * BN + tl.arange(0, BN)
-        da = tl.zeros([BM, BN], tl.float32)
-        for k in range(0, STEPS):
-            da += _dot(_rows(gp + k * D, rows, kd, N, D, True),
-                       tl.trans(_rows(zp + k * D, cols, kd, N, D, True)), IEEE)
         a = tl.load(P + blk + s * BM * BN + tile).to(tl.float32)
-        ds = a * (da * c1 - rowdot[:, None])
+        ds = a * (_da(gp, zp, rows, cols, kd, N, STEPS, BM, BN, D, IEEE) * c1 - rowdot[:, None])
         tl.store(DS + blk + s * BM * BN + tile, ds.to(DS.dtype.element_ty))
         kt = _rows(kp, cols, skn, N, D, True)
         dq += _dot(ds.to(kt.dtype), kt, IEEE)
