@@ -19,6 +19,7 @@ import gc
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -350,6 +351,7 @@ class ErrAcc:
     def __init__(self):
         self.num = self.den = 0.0
         self.row = 0.0
+        self.where = None  # flat index of the worst row in the tensor that held it
         self.nan = False
 
     def add(self, x, ref):
@@ -361,12 +363,15 @@ class ErrAcc:
         floor = rn.median().clamp(min=1e-12)
         self.num += float((diff ** 2).sum())
         self.den += float((rn ** 2).sum())
-        self.row = max(self.row, float((diff / torch.maximum(rn, floor)).max()))
+        worst = diff / torch.maximum(rn, floor)
+        if float(worst.max()) >= self.row:
+            self.row, self.where = float(worst.max()), int(worst.argmax())
 
     def result(self, tol: dict) -> dict:
         rel = math.inf if self.nan else math.sqrt(self.num) / max(math.sqrt(self.den), 1e-30)
         row = math.inf if self.nan else self.row
-        return {"rel": rel, "row": row, "ok": bool(rel <= tol["rel"] and row <= tol["row"])}
+        return {"rel": rel, "row": row, "worst_row_index": self.where,
+                "ok": bool(rel <= tol["rel"] and row <= tol["row"])}
 
 
 NAMES = ("out", "dq", "dk", "dv")
@@ -587,6 +592,9 @@ class Check:
         if self.stop:
             return
         if u.part not in self.parts:
+            return
+        if self.args.skip and re.search(self.args.skip, u.id):
+            rec.setdefault("skipped", []).append(f"{u.id}: not run (--skip)")
             return
         start_need, cap = SLOTS[u.slot]
         if self.dry:
@@ -934,6 +942,17 @@ class Check:
                                                  self.tol(p), self.cfg["chunk_elems"])
         log(f"   ours vs flex: {'ok' if c['ok'] else 'FAIL'} " + _errs(c)
             + f"; flex vs reference: {'ok' if corr['flex_vs_ref']['ok'] else 'FAIL'}")
+        if backward and not c["ok"]:  # which of the two is off: both vs the reference on the worst row's slice
+            name = max((k_ for k_ in NAMES if k_ in c), key=lambda k_: c[k_]["row"])
+            b_, rest = divmod(c[name]["worst_row_index"], q.shape[1] * q.shape[2])
+            h_, i_ = divmod(rest, q.shape[2])
+            sl = [(int(b_), int(h_))]
+            c["worst_slice"] = {"tensor": name, "b": int(b_), "h": int(h_), "row": int(i_)}
+            for who, xs in (("ours", oo), ("flex", fouts)):
+                corr[f"{who}_vs_ref_worst_slice"] = r_ = check_vs_reference(p, (q, k, v, do), xs, sl, self.tol(p),
+                                                                            self.cfg["chunk_elems"])
+                log(f"   {who} vs reference on (b, h) = {sl[0]} ({name} row {int(i_)}): "
+                    f"{'ok' if r_['ok'] else 'FAIL'} " + _errs(r_))
         self.ratios(rec)
 
     # ---------------------------------------------------------------- units: decode
@@ -1269,7 +1288,7 @@ def summary_checks(r: dict, cfg: dict) -> list[list[str]]:
     training smoke, the self-checks."""
     out = []
     runs = [(x["label"] + f" N={x['n']}", key, c) for x in r["rows"].values()
-            for key, c in (x.get("correct") or {}).items() if key != "flex_vs_ref"]
+            for key, c in (x.get("correct") or {}).items() if not key.startswith("flex_vs_ref")]
     bad = [f"{lbl} {key}" for lbl, key, c in runs if not c.get("ok")]
     out.append(["attention correctness (ours vs fp32 reference, ours vs flex)",
                 f"{len(runs) - len(bad)}/{len(runs)} ok" + (": FAIL " + ", ".join(bad) if bad else "")])
@@ -1408,6 +1427,7 @@ def parse_args(argv=None):
     ap.add_argument("--budget", type=float, help="seconds from start for everything (default 220; dry run 150)")
     ap.add_argument("--parts", help=f"comma list of parts to run (default all): {','.join(PARTS)}")
     ap.add_argument("--out", help="results folder (default $OUT, else bench/results)")
+    ap.add_argument("--skip", metavar="REGEX", help="leave out the units whose id matches (e.g. 'n65536/flex')")
     ap.add_argument("--inject-failure", metavar="UNIT", help="test hook: raise inside every unit whose id contains UNIT")
     ap.add_argument("--keep-work", action="store_true", help="keep the temporary folder (smoke data, checkpoints)")
     args = ap.parse_args(argv)

@@ -15,26 +15,27 @@
 # Other flags: python3 bench/gpu_bench.py --help. Exit code: 0 every target PASS; 1 a target FAIL or
 # NOT RUN; 2 no CUDA (one line, at once); 124/137 stopped by the hard timeout (results so far are on disk).
 #
-# What runs, in priority order, with estimated seconds on an H200 with cold compile caches (estimates
-# from the work and compile counts, not yet measured here: gpu_check.md's Timeline has the measured
-# seconds of every unit). A unit starts only if the budget (default 220 s from Python's start; hard
+# What runs, in priority order, with seconds measured on an H200 with cold compile caches (2026-11-30,
+# torch 2.11 / Triton 3.6; gpu_check.md's Timeline has every unit's seconds). The default call took 219 s
+# and a 25 s machine start. A unit starts only if the budget (default 220 s from Python's start; hard
 # timeout 12 s later) still holds its minimum slot, and is stopped at the end of its slot; an error or
 # a timeout is that unit's FAIL, never the end of the run.
-#   ~10  startup: nvidia-smi, import torch / triton / imggen, device-to-device copy bandwidth (1 GiB)
-#   ~45  TARGET band w=256, N=16384, B*H=8*16, bf16, D=64: ours forward and forward+backward (the first
+#   ~5   startup: nvidia-smi, import torch / triton / imggen, device-to-device copy bandwidth (1 GiB)
+#   ~20  TARGET band w=256, N=16384, B*H=8*16, bf16, D=64: ours forward and forward+backward (the first
 #        call compiles ~3 Triton kernels), fp32 reference on 4 (batch, head) slices, dense causal SDPA
 #        (flash); then FlexAttention through imggen's flex backend (torch.compile of forward+backward,
-#        ~20-30 s) and ours vs flex on the full tensors
-#   ~25  TARGET diffuser K=5, N=16384: ours vs one softmax attention on the same graph, both vs fp32 references
-#   ~10  TARGET decode at cache lengths 4k..64k (B*H=16*16) in CUDA graphs, vs the reference
-#   ~3   one profiler pass per target row: per-kernel breakdown (forward, dQ, dK/dV, delta, diffuser steps)
-#   ~75  training smoke: train.py --preset cifar on generated images (2 layers, batch 16, 100 steps) with
-#        IMGGEN_BACKEND=triton (~25 s) and =flex (~40 s: flex compiles per layer; slot 60 s each),
-#        then sample.py --num 4 (~15 s)
+#        ~8 s) and ours vs flex on the full tensors
+#   ~40  TARGET diffuser K=5, N=16384: ours vs one softmax attention on the same graph, both vs fp32 references
+#   ~4   TARGET decode at cache lengths 4k..64k (B*H=16*16) in CUDA graphs, vs the reference
+#   ~1   one profiler pass per target row: per-kernel breakdown (forward, dQ, dK/dV, delta, diffuser steps)
+#   ~55  training smoke: train.py --preset cifar on generated images (2 layers, batch 16, 100 steps) with
+#        IMGGEN_BACKEND=triton (18 s) and =flex (25 s: flex compiles per layer; slot 60 s each),
+#        then sample.py --num 4 (11 s)
 #   rest grid rows at N=16384 (band w=1024/4096, local2d 128x128 r=3, bigbird): ours + SDPA + references
-#        (~8 s each); triton_selfcheck per pattern kind (7 kinds, bf16, D=64, ~4 s each); the N=65536 rows
-#        (band x3, local2d 256x256, bigbird, diffuser); flex per row (~15-25 s each: one compile per
-#        shape); self-checks at D=32. The default 4-minute slot ends somewhere in here: the rest is
+#        (1-7 s each); triton_selfcheck per pattern kind (7 kinds, bf16, D=64, ~4 s each); the N=65536 rows
+#        (band x3, local2d 256x256, bigbird: 1-13 s each; the diffuser's fp32 reference at N=65536 outlasts
+#        its slot: leave it out with --skip 'diffuser-w256-s5-b64-n65536'); flex per row (5-8 s each, the
+#        diffuser's 48-56 s: one compile per shape); self-checks at D=32 (~3 s each). The default 4-minute slot ends somewhere in here: the rest is
 #        listed under 'Not run' in gpu_check.md, for the longer call above.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,0 +1,156 @@
+"""Tile sweep of the attention kernels on a GPU: which (bm, bn, warps, stages) each kernel should try first.
+
+    python3 bench/gpu_tune.py --budget 200        # one H200: ~2.5 min, compiles included; results under $OUT
+    python3 bench/gpu_tune.py --dry-run           # CPU plumbing check (Triton interpreter, tiny shapes)
+
+For every row (pattern at N=16384, B=8, H=16, D=64, bf16, the sizes of bench/gpu_check.sh) and every kernel
+(fwd, dq, dkdv), each candidate configuration is forced (kernels.tuning.forced) while the other kernels keep
+their defaults, and timed: fwd = one forward without autograd; dq / dkdv = one backward (delta, dQ, dK/dV,
+flushes) of a saved forward, so the differences between candidates of one kernel are that kernel's.
+Each candidate's result is compared with the launcher's own choice (rel = ||x - default|| / ||default||):
+a fast tile that computes something else is marked, never chosen. Candidates beyond kernels.tuning.CONFIGS
+may spill registers: promote one only after `python -m imggen.kernels.aot_check` passes with it listed.
+Writes gpu_tune.md and gpu_tune.json (rewritten after every row) under $OUT, else bench/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+T0 = time.time()
+if "--dry-run" in sys.argv:
+    os.environ.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_bench import time_call  # noqa: E402
+from gpu_smoke import ensure_imggen  # noqa: E402
+
+ensure_imggen()
+import imggen  # noqa: E402
+from imggen.kernels import tuning  # noqa: E402
+from imggen.kernels.tuning import Config as C  # noqa: E402
+
+# the first candidate of each kernel: the tiles the launchers picked before the first sweep (2026-11-30)
+SWEEP = {
+    "fwd": [C(128, 64, 8, 3), C(128, 64, 8, 4), C(128, 64, 4, 3), C(128, 128, 8, 3), C(128, 128, 8, 2),
+            C(64, 64, 4, 3), C(64, 64, 4, 4), C(64, 128, 4, 3), C(128, 32, 4, 3), C(64, 32, 4, 3)],
+    "dq": [C(128, 64, 8, 3), C(128, 32, 8, 3), C(128, 64, 4, 3), C(128, 32, 4, 3), C(64, 64, 4, 3),
+           C(64, 32, 4, 3), C(64, 64, 4, 4), C(128, 128, 8, 2)],
+    "dkdv": [C(32, 128, 8, 3), C(64, 128, 8, 2), C(64, 128, 8, 3), C(32, 128, 4, 3), C(64, 64, 8, 3),
+             C(64, 64, 4, 3), C(32, 64, 4, 3), C(16, 128, 4, 3), C(128, 128, 8, 2)],
+}
+ROWS = [("band w=256", "band", {"window": 256}),
+        ("band w=1024", "band", {"window": 1024}),
+        ("local2d 128x128 r=3", "local2d", {"height": 128, "width": 128, "channels": 1, "radius": 3}),
+        ("bigbird b=64 w=3 g=1 r=2", "bigbird", {"block": 64, "window_blocks": 3, "global_blocks": 1,
+                                                 "random_blocks": 2})]
+
+
+def rel(x, ref) -> float:
+    return float((x.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
+
+
+def sweep_row(label, kind, params, a, deadline, dry) -> dict:
+    dev = "cpu" if dry else "cuda"
+    n, b, h, d = (64, 1, 2, 32) if dry else (16384, 8, 16, 64)
+    p = imggen.make_pattern(kind, **params)
+    g = torch.Generator(device=dev).manual_seed(0)
+    dtype = torch.float32 if dry else torch.bfloat16
+    q, k, v, do = (torch.randn(b, h, n, d, device=dev, dtype=dtype, generator=g) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    attn = lambda: imggen.sparse_attention(q, k, v, p, backend="triton")  # noqa: E731
+    o = attn()
+    default = [o.detach(), *torch.autograd.grad(o, (q, k, v), do)]
+    rec = {"row": label, "N": n, "BxH": f"{b}x{h}", "results": []}
+    for kernel, cands in SWEEP.items():
+        for cfg in (cands[:2] if dry else cands):
+            r = {"kernel": kernel, "config": str(cfg)}
+            rec["results"].append(r)
+            if time.time() > deadline:
+                r["error"] = "not run (budget)"
+                continue
+            try:
+                with tuning.forced(**{kernel: cfg}):
+                    t = time.time()
+                    if kernel == "fwd":
+                        with torch.no_grad():
+                            x = [attn()]
+                        fn = lambda: attn()  # noqa: E731
+                        ref = default[:1]
+                    else:
+                        o = attn()
+                        x = list(torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+                        x, ref = (x[:1], default[1:2]) if kernel == "dq" else (x[1:], default[2:])
+                        fn = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
+                    if not dry:
+                        torch.cuda.synchronize()
+                    r["first_s"] = time.time() - t
+                    r["rel"] = max(rel(xi, ri) for xi, ri in zip(x, ref))
+                    if kernel == "fwd":
+                        with torch.no_grad():
+                            r["ms"] = time_call(fn, dev)
+                    else:
+                        r["ms"] = time_call(fn, dev)
+            except Exception as e:  # a config that fails to compile or launch is a result, not the end
+                r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            print(f"{label:28s} {kernel:5s} {str(cfg):14s} " + (f"{r['ms']:8.3f} ms  rel {r['rel']:.1e}"
+                  f"  first {r['first_s']:.1f} s" if "ms" in r else r["error"]), flush=True)
+    return rec
+
+
+def markdown(recs, args) -> str:
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (dry run)"
+    import triton
+    lines = [f"# Kernel tile sweep\n\n{dev} · torch {torch.__version__} · triton {triton.__version__} · "
+             f"`python3 bench/gpu_tune.py --budget {args.budget}` · {time.strftime('%F %T')}\n",
+             "ms: fwd = forward alone; dq / dkdv = whole backward with that kernel's tile forced (the others as "
+             "the launcher picks them). x first: the kernel's first candidate's time / this one's. rel: vs the result "
+             "with every tile as the launcher picks it (kernels.tuning order, own-rule tiles first).\n"]
+    for rec in recs:
+        lines += [f"## {rec['row']} (N={rec['N']}, BxH={rec['BxH']})\n", "| kernel | config | ms | x first | rel | first s |",
+                  "|---|---|---|---|---|---|"]
+        base = {}
+        for r in rec["results"]:
+            base.setdefault(r["kernel"], r.get("ms"))
+            if "ms" in r:
+                x = base[r["kernel"]] / r["ms"] if base[r["kernel"]] else float("nan")
+                lines.append(f"| {r['kernel']} | {r['config']} | {r['ms']:.3f} | {x:.2f} | {r['rel']:.1e} | "
+                             f"{r['first_s']:.1f} |")
+            else:
+                lines.append(f"| {r['kernel']} | {r['config']} | - | - | - | {r['error']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--budget", type=float, default=200.0, help="seconds from start; later candidates are skipped")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, tiny shapes, 2 candidates")
+    ap.add_argument("--rows", default="", help="comma-separated row numbers (0-based) to run; default all")
+    args = ap.parse_args()
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_tune.py: no CUDA device; use --dry-run for the CPU plumbing check")
+        return 2
+    out = Path(os.environ.get("OUT") or Path(__file__).resolve().parent / "results")
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = T0 + args.budget
+    rows = [ROWS[int(i)] for i in args.rows.split(",")] if args.rows else ROWS
+    recs = []
+    for label, kind, params in rows:
+        recs.append(sweep_row(label, kind, params, args, deadline, args.dry_run))
+        (out / "gpu_tune.json").write_text(json.dumps(recs, indent=1))
+        (out / "gpu_tune.md").write_text(markdown(recs, args))
+    print(markdown(recs, args))
+    print(f"gpu_tune.py: {time.time() - T0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
