@@ -114,6 +114,20 @@ def test_without_cuda_exits_at_once_with_one_line(tmp_path):
     assert r.returncode == 2 and len(lines) == 1 and "no CUDA GPU" in lines[0]
 
 
+@pytest.mark.slow
+def test_tile_sweep_dry_run(tmp_path):
+    """bench/gpu_tune.py end to end on one row: every forced tile is timed and agrees with the
+    launcher's own result (fp32 under the interpreter: rounding-level differences only)."""
+    r = subprocess.run([sys.executable, "bench/gpu_tune.py", "--dry-run", "--rows", "0"], cwd=ROOT,
+                       env=dict(os.environ, OUT=str(tmp_path)), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (rec,) = json.loads((tmp_path / "gpu_tune.json").read_text())
+    kernels = {x["kernel"] for x in rec["results"]}
+    assert kernels == {"fwd", "dq", "dkdv"} and all("error" not in x for x in rec["results"]), rec["results"]
+    assert all(x["ms"] > 0 and x["rel"] < 1e-5 for x in rec["results"])
+    assert "| fwd |" in (tmp_path / "gpu_tune.md").read_text()
+
+
 # ------------------------------------------------------------------------ pieces the GPU run trusts
 PATTERNS = [
     ("band", {"window": 7}),
