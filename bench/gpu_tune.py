@@ -1,11 +1,12 @@
 """Tile sweep of the attention kernels on a GPU: which (bm, bn, warps, stages) each kernel should try first.
 
-    python3 bench/gpu_tune.py --budget 200        # one H200: ~2.5 min, compiles included; results under $OUT
+    python3 bench/gpu_tune.py --budget 200        # one H200: 2 min at D=64, compiles included; results under $OUT
+    python3 bench/gpu_tune.py --head-dim 32       # the presets' head dim (not swept yet)
     python3 bench/gpu_tune.py --dry-run           # CPU plumbing check (Triton interpreter, tiny shapes)
 
-For every row (pattern at N=16384, B=8, H=16, D=64, bf16, the sizes of bench/gpu_check.sh) and every kernel
-(fwd, dq, dkdv), each candidate configuration is forced (kernels.tuning.forced) while the other kernels keep
-their defaults, and timed: fwd = one forward without autograd; dq / dkdv = one backward (delta, dQ, dK/dV,
+For every row (pattern at N=16384, B=8, H=16, bf16, D=64 by default: the sizes of bench/gpu_check.sh)
+and every kernel (fwd, dq, dkdv), each candidate configuration (the launcher's own for that D, then
+EXTRA) is forced (kernels.tuning.forced) while the other kernels keep their defaults, and timed: fwd = one forward without autograd; dq / dkdv = one backward (delta, dQ, dK/dV,
 flushes) of a saved forward, so the differences between candidates of one kernel are that kernel's.
 Each candidate's result is compared with the launcher's own choice (rel = ||x - default|| / ||default||):
 a fast tile that computes something else is marked, never chosen. Candidates beyond kernels.tuning.CONFIGS
@@ -36,8 +37,8 @@ import imggen  # noqa: E402
 from imggen.kernels import tuning  # noqa: E402
 from imggen.kernels.tuning import Config as C  # noqa: E402
 
-# the first candidate of each kernel: the tiles the launchers picked before the first sweep (2026-11-30)
-SWEEP = {
+# tried after the launcher's own candidates for the head dim (kernels.tuning, in its order)
+EXTRA = {
     "fwd": [C(128, 64, 8, 3), C(128, 64, 8, 4), C(128, 64, 4, 3), C(128, 128, 8, 3), C(128, 128, 8, 2),
             C(64, 64, 4, 3), C(64, 64, 4, 4), C(64, 128, 4, 3), C(128, 32, 4, 3), C(64, 32, 4, 3)],
     "dq": [C(128, 64, 8, 3), C(128, 32, 8, 3), C(128, 64, 4, 3), C(128, 32, 4, 3), C(64, 64, 4, 3),
@@ -56,9 +57,14 @@ def rel(x, ref) -> float:
     return float((x.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
 
 
-def sweep_row(label, kind, params, a, deadline, dry) -> dict:
+def candidates(kernel: str, d: int) -> list:
+    """The launcher's candidates for head dim d (bf16) first, then the extra tiles."""
+    return list(dict.fromkeys(tuning.candidates(kernel, d, torch.bfloat16) + tuple(EXTRA[kernel])))
+
+
+def sweep_row(label, kind, params, d, deadline, dry) -> dict:
     dev = "cpu" if dry else "cuda"
-    n, b, h, d = (64, 1, 2, 32) if dry else (16384, 8, 16, 64)
+    n, b, h = (64, 1, 2) if dry else (16384, 8, 16)
     p = imggen.make_pattern(kind, **params)
     g = torch.Generator(device=dev).manual_seed(0)
     dtype = torch.float32 if dry else torch.bfloat16
@@ -68,8 +74,9 @@ def sweep_row(label, kind, params, a, deadline, dry) -> dict:
     attn = lambda: imggen.sparse_attention(q, k, v, p, backend="triton")  # noqa: E731
     o = attn()
     default = [o.detach(), *torch.autograd.grad(o, (q, k, v), do)]
-    rec = {"row": label, "N": n, "BxH": f"{b}x{h}", "results": []}
-    for kernel, cands in SWEEP.items():
+    rec = {"row": label, "N": n, "BxH": f"{b}x{h}", "D": d, "results": []}
+    for kernel in EXTRA:
+        cands = candidates(kernel, d)
         for cfg in (cands[:2] if dry else cands):
             r = {"kernel": kernel, "config": str(cfg)}
             rec["results"].append(r)
@@ -109,12 +116,12 @@ def markdown(recs, args) -> str:
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (dry run)"
     import triton
     lines = [f"# Kernel tile sweep\n\n{dev} · torch {torch.__version__} · triton {triton.__version__} · "
-             f"`python3 bench/gpu_tune.py --budget {args.budget}` · {time.strftime('%F %T')}\n",
+             f"`python3 bench/gpu_tune.py --budget {args.budget} --head-dim {args.head_dim}` · {time.strftime('%F %T')}\n",
              "ms: fwd = forward alone; dq / dkdv = whole backward with that kernel's tile forced (the others as "
              "the launcher picks them). x first: the kernel's first candidate's time / this one's. rel: vs the result "
              "with every tile as the launcher picks it (kernels.tuning order, own-rule tiles first).\n"]
     for rec in recs:
-        lines += [f"## {rec['row']} (N={rec['N']}, BxH={rec['BxH']})\n", "| kernel | config | ms | x first | rel | first s |",
+        lines += [f"## {rec['row']} (N={rec['N']}, BxH={rec['BxH']}, D={rec.get('D', 64)})\n", "| kernel | config | ms | x first | rel | first s |",
                   "|---|---|---|---|---|---|"]
         base = {}
         for r in rec["results"]:
@@ -134,6 +141,8 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=200.0, help="seconds from start; later candidates are skipped")
     ap.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, tiny shapes, 2 candidates")
     ap.add_argument("--rows", default="", help="comma-separated row numbers (0-based) to run; default all")
+    ap.add_argument("--head-dim", type=int, default=64, choices=tuning.HEAD_DIMS,
+                    help="D of q, k, v (every preset uses 32: dim 256 / 8 heads)")
     args = ap.parse_args()
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_tune.py: no CUDA device; use --dry-run for the CPU plumbing check")
@@ -144,7 +153,7 @@ def main() -> int:
     rows = [ROWS[int(i)] for i in args.rows.split(",")] if args.rows else ROWS
     recs = []
     for label, kind, params in rows:
-        recs.append(sweep_row(label, kind, params, args, deadline, args.dry_run))
+        recs.append(sweep_row(label, kind, params, 32 if args.dry_run else args.head_dim, deadline, args.dry_run))
         (out / "gpu_tune.json").write_text(json.dumps(recs, indent=1))
         (out / "gpu_tune.md").write_text(markdown(recs, args))
     print(markdown(recs, args))
