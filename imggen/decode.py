@@ -28,13 +28,15 @@ import functools
 import heapq
 import math
 import os
+import warnings
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from imggen.attention import forced_backend
+from imggen import attention
+from imggen.attention import SELFCHECK_EPS, forced_backend
 from imggen.blocked import additive_mask
 from imggen.errors import ShapeError
 from imggen.patterns import Pattern
@@ -66,20 +68,59 @@ def decode_attention_reference(q, k_cache, v_cache, key_bias=None) -> torch.Tens
 
 
 _KERNEL = None
+_KERNEL_OK: dict[tuple, bool] = {}  # (dtype, head dim) -> the kernel passed its first-use check
+
+
+def decode_selfcheck(kernel, dtype, head_dim: int, device, length: int = 333) -> None:
+    """The decode kernel vs the float64 reference on random inputs (2 x 3 queries, `length` slots,
+    about a third masked); raises AssertionError naming the error (or whatever the kernel raises).
+    Tolerance as triton_selfcheck's: at most 2x the reference's own error in `dtype`, plus an eps."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, head_dim, generator=g).to(dtype)
+    k, v = (torch.randn(2, 3, length, head_dim, generator=g).to(dtype) for _ in range(2))
+    bias = torch.where(torch.rand(2, 3, length, generator=g) < 1 / 3, float("-inf"), 0.0)
+    bias[..., 0] = 0.0  # every query reads at least one slot
+    exact = decode_attention_reference(*(t.double() for t in (q, k, v, bias)))
+    dev = [t.to(device) for t in (q, k, v)] + [bias.to(device, dtype)]
+    floor = (decode_attention_reference(*dev).double().cpu() - exact).abs().max().item()
+    err = (kernel(*dev).double().cpu() - exact).abs().max().item()
+    if not err <= 2 * floor + SELFCHECK_EPS.get(dtype, 1e-5):  # also catches NaN
+        raise AssertionError(f"decode output differs from the reference by {err:.3g} (noise floor {floor:.3g})")
+
+
+def _kernel_ok(kernel, q: torch.Tensor) -> bool:
+    """First use per (dtype, head dim) unless IMGGEN_BACKEND=triton: `decode_selfcheck`. A dtype or
+    head dim the kernel does not cover means the reference, silently; a failure or an error warns once."""
+    if forced_backend() == "triton":
+        return True
+    key = (q.dtype, q.shape[-1])
+    if key not in _KERNEL_OK:
+        try:
+            decode_selfcheck(kernel, q.dtype, q.shape[-1], q.device)
+            _KERNEL_OK[key] = True
+        except ShapeError:
+            _KERNEL_OK[key] = False
+        except Exception as e:  # noqa: BLE001 - any failure means: do not trust the kernel here
+            warnings.warn(f"imggen: the Triton decode kernel failed its self-check for "
+                          f"{str(q.dtype).replace('torch.', '')}, head dim {q.shape[-1]} ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); sampling uses the PyTorch decode path "
+                          f"for this configuration", RuntimeWarning, stacklevel=3)
+            _KERNEL_OK[key] = False
+    return _KERNEL_OK[key]
 
 
 def decode_attention(q, k, v, key_bias=None) -> torch.Tensor:
-    """The Triton decode kernel on CUDA (when it imports and covers the dtype / head dim, and
-    IMGGEN_BACKEND does not name another backend), else the PyTorch reference."""
+    """The Triton decode kernel on CUDA (when it imports, covers the dtype / head dim, passed its
+    first-use check and IMGGEN_BACKEND does not name another backend), else the PyTorch reference."""
     global _KERNEL
-    if q.is_cuda and forced_backend() in (None, "triton"):
+    if attention.on_gpu(q) and forced_backend() in (None, "triton"):
         if _KERNEL is None:
             try:
                 from imggen.kernels import decode_attention as kernel
                 _KERNEL = kernel
             except (ImportError, AttributeError):
                 _KERNEL = False
-        if _KERNEL:
+        if _KERNEL and _kernel_ok(_KERNEL, q):
             bias = torch.zeros((1, 1, k.shape[2]), device=q.device, dtype=q.dtype) if key_bias is None \
                 else key_bias.reshape(1, -1, k.shape[2]).to(q.dtype)
             try:

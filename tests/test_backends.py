@@ -111,6 +111,59 @@ def test_selfcheck_passes_on_the_interpreter_and_catches_a_wrong_kernel(monkeypa
         A.triton_selfcheck(p, torch.float32, 32, "cpu", n=36)
 
 
+def _decode_inputs(d=32, length=40):
+    q, k, v = torch.randn(2, 3, d), torch.randn(2, 3, length, d), torch.randn(2, 3, length, d)
+    bias = torch.where(torch.rand(1, 3, length) < 0.3, float("-inf"), 0.0)
+    bias[..., -1] = 0.0
+    return q, k, v, bias
+
+
+@pytest.mark.parametrize("how", ["raises", "wrong"])
+def test_decode_kernel_that_fails_its_check_is_not_used(monkeypatch, how):
+    """A decode kernel that fails to compile or computes something else on the user's GPU: one
+    warning, then the PyTorch decode path (the same answer), never a crash."""
+    from imggen import decode as Dm
+    monkeypatch.setattr(A, "on_gpu", lambda q: True)  # pretend: a CUDA tensor
+    monkeypatch.setattr(Dm, "_KERNEL_OK", {})
+    calls = []
+
+    def kernel(q, k, v, bias):
+        calls.append(k.shape[2])
+        if how == "raises":
+            raise RuntimeError("out of resources: shared memory")
+        return Dm.decode_attention_reference(q, k, v, bias) * 1.01
+
+    monkeypatch.setattr(Dm, "_KERNEL", kernel)
+    q, k, v, bias = _decode_inputs()
+    with pytest.warns(RuntimeWarning, match="decode kernel failed its self-check for float32, head dim 32") as rec:
+        a = Dm.decode_attention(q, k, v, bias)
+        b = Dm.decode_attention(q, k, v, bias)  # remembered: no second check, no warning
+    assert len([w for w in rec if str(w.message).startswith("imggen:")]) == 1
+    assert calls == [333]  # only the self-check's call
+    ref = Dm.decode_attention_reference(q, k, v, bias)
+    torch.testing.assert_close(a, ref)
+    torch.testing.assert_close(b, ref)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter")
+def test_decode_kernel_that_passes_its_check_is_used(monkeypatch):
+    from imggen import decode as Dm
+    from imggen import kernels
+    monkeypatch.setattr(A, "on_gpu", lambda q: True)
+    monkeypatch.setattr(Dm, "_KERNEL_OK", {})
+    calls = []
+
+    def kernel(*a):
+        calls.append(a[1].shape[2])
+        return kernels.decode_attention(*a)
+
+    monkeypatch.setattr(Dm, "_KERNEL", kernel)
+    q, k, v, bias = _decode_inputs()
+    got = Dm.decode_attention(q, k, v, bias)
+    assert calls == [333, 40]  # the self-check, then the call itself
+    torch.testing.assert_close(got, Dm.decode_attention_reference(q, k, v, bias), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("env", ["reference", "cpu", "flex", "triton"])
 def test_imggen_backend_forces_one_everywhere(monkeypatch, env):
     monkeypatch.setenv("IMGGEN_BACKEND", env)

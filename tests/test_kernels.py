@@ -351,6 +351,15 @@ def test_gpu_diffuser_bf16_selfcheck(d):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype,d", [(torch.bfloat16, 32), (torch.bfloat16, 64), (torch.float16, 128), (torch.float32, 64)])
+def test_gpu_decode_selfcheck(dtype, d):
+    """The first-use check sampling runs before it trusts the decode kernel."""
+    from imggen.decode import decode_selfcheck
+    decode_selfcheck(kernels.decode_attention, dtype, d, "cuda")
+
+
+@gpu
+@pytest.mark.gpu
 def test_gpu_decode_bf16():
     q, kc, vc = torch.randn(2, 4, 64), torch.randn(2, 4, 5000, 64), torch.randn(2, 4, 5000, 64)
     bias = torch.zeros(2, 1, 5000)
