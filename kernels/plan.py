@@ -24,6 +24,7 @@ Causal and band layouts need no tables: their tile ranges are arithmetic in the 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -170,6 +171,22 @@ def _element_masks(pattern: Pattern, keys: torch.Tensor, np_: torch.Tensor, bm: 
             kj = kb[:, :, None, None].clamp(min=0) * bn + torch.arange(bn)
             out[h, a:a + step] = (pattern.allowed(qi, kj, h, tables) & live & (qi < n) & (kj < n)).to(torch.int8)
     return out
+
+
+@contextlib.contextmanager
+def splitting_rows():
+    """Plans made inside split every transposed row longer than 2 into chunks with partial results,
+    so that a small problem runs the split path and the flush kernel (tests, the first-use self-check).
+    The plan cache is cleared on entry and on exit: no such plan outlives the block."""
+    global SPLIT_MIN, SPLIT_FACTOR
+    old = SPLIT_MIN, SPLIT_FACTOR
+    make_plan.cache_clear()
+    SPLIT_MIN, SPLIT_FACTOR = 2, 0.5
+    try:
+        yield
+    finally:
+        SPLIT_MIN, SPLIT_FACTOR = old
+        make_plan.cache_clear()
 
 
 @functools.lru_cache(maxsize=128)

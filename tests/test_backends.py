@@ -111,6 +111,18 @@ def test_selfcheck_passes_on_the_interpreter_and_catches_a_wrong_kernel(monkeypa
         A.triton_selfcheck(p, torch.float32, 32, "cpu", n=36)
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs the Triton interpreter")
+def test_selfcheck_runs_the_split_row_path(monkeypatch):
+    """Large N splits long transposed rows (a global block's) and sums the parts in a flush kernel;
+    the self-check forces that path at its small N, so a broken flush fails it."""
+    from imggen.kernels import sparse_ops
+    p = imggen.make_pattern("bigbird", block=16, window_blocks=1, global_blocks=1, random_blocks=1, seed=3)
+    A.triton_selfcheck(p, torch.float32, 32, "cpu", n=120)
+    monkeypatch.setattr(sparse_ops, "_flush", lambda plan, parts, out: None)
+    with pytest.raises(AssertionError, match="with split rows differs"):
+        A.triton_selfcheck(p, torch.float32, 32, "cpu", n=120)
+
+
 def _decode_inputs(d=32, length=40):
     q, k, v = torch.randn(2, 3, d), torch.randn(2, 3, length, d), torch.randn(2, 3, length, d)
     bias = torch.where(torch.rand(1, 3, length) < 0.3, float("-inf"), 0.0)

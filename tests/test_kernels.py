@@ -104,13 +104,10 @@ def _tile_patterns(size):
 
 
 @pytest.fixture
-def split_rows(monkeypatch):
+def split_rows():
     """Plans that split every transposed row longer than 2 into chunks with partial results."""
-    monkeypatch.setattr(kplan, "SPLIT_MIN", 2)
-    monkeypatch.setattr(kplan, "SPLIT_FACTOR", 0.5)
-    make_plan.cache_clear()
-    yield
-    make_plan.cache_clear()
+    with kplan.splitting_rows():
+        yield
 
 
 @pytest.mark.parametrize("kernel,bm,bn", [(k, bm, bn) for k in ("fwd", "dq", "dkdv") for bm, bn in _tiles(k)])
