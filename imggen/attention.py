@@ -106,20 +106,29 @@ _CHECKED: dict[tuple, bool] = {}
 
 
 def triton_ok(pattern: Pattern, dtype, head_dim: int, device) -> bool:
-    """First use per (pattern kind, dtype, head dim): run `triton_selfcheck`; on a failure or a
+    """First use per (pattern kind, dtype, head dim): `triton_selfcheck`; on a failure or a
     compile/launch error warn once and remember to use flex for that configuration."""
-    key = (type(pattern), dtype, head_dim)
-    if key not in _CHECKED:
+    what = f"the Triton kernels for {pattern.name} attention, {str(dtype).replace('torch.', '')}, head dim {head_dim}"
+    return passes_once(_CHECKED, (type(pattern), dtype, head_dim),
+                       lambda: triton_selfcheck(pattern, dtype, head_dim, device), what,
+                       "using FlexAttention for this configuration (set IMGGEN_BACKEND to choose yourself)")
+
+
+def passes_once(cache: dict, key, check, what: str, instead: str, quiet: tuple = ()) -> bool:
+    """`check()` on the first use of `key` only (a kernel's self-check). An exception means: do not
+    trust the kernel for that key; one warning naming `what` and what runs `instead` (none for the
+    exception types in `quiet`)."""
+    if key not in cache:
         try:
-            triton_selfcheck(pattern, dtype, head_dim, device)
-            _CHECKED[key] = True
+            check()
+            cache[key] = True
+        except quiet:
+            cache[key] = False
         except Exception as e:  # noqa: BLE001 - any failure means: do not trust the kernel here
-            warnings.warn(f"imggen: the Triton kernels failed their self-check for {pattern.name} attention, "
-                          f"{str(dtype).replace('torch.', '')}, head dim {head_dim} ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}); using FlexAttention for this "
-                          f"configuration (set IMGGEN_BACKEND to choose yourself)", RuntimeWarning, stacklevel=3)
-            _CHECKED[key] = False
-    return _CHECKED[key]
+            warnings.warn(f"imggen: {what} failed the self-check ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); {instead}", RuntimeWarning, stacklevel=4)
+            cache[key] = False
+    return cache[key]
 
 
 # noise-floor tolerance of the kernel tests: error <= 2 x the reference's own error in `dtype` + eps

@@ -28,7 +28,6 @@ import functools
 import heapq
 import math
 import os
-import warnings
 from collections import deque
 from dataclasses import dataclass
 
@@ -93,20 +92,10 @@ def _kernel_ok(kernel, q: torch.Tensor) -> bool:
     head dim the kernel does not cover means the reference, silently; a failure or an error warns once."""
     if forced_backend() == "triton":
         return True
-    key = (q.dtype, q.shape[-1])
-    if key not in _KERNEL_OK:
-        try:
-            decode_selfcheck(kernel, q.dtype, q.shape[-1], q.device)
-            _KERNEL_OK[key] = True
-        except ShapeError:
-            _KERNEL_OK[key] = False
-        except Exception as e:  # noqa: BLE001 - any failure means: do not trust the kernel here
-            warnings.warn(f"imggen: the Triton decode kernel failed its self-check for "
-                          f"{str(q.dtype).replace('torch.', '')}, head dim {q.shape[-1]} ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}); sampling uses the PyTorch decode path "
-                          f"for this configuration", RuntimeWarning, stacklevel=3)
-            _KERNEL_OK[key] = False
-    return _KERNEL_OK[key]
+    dtype, d = q.dtype, q.shape[-1]
+    return attention.passes_once(_KERNEL_OK, (dtype, d), lambda: decode_selfcheck(kernel, dtype, d, q.device),
+                                 f"the Triton decode kernel for {str(dtype).replace('torch.', '')}, head dim {d}",
+                                 "sampling uses the PyTorch decode path for this configuration", quiet=(ShapeError,))
 
 
 def decode_attention(q, k, v, key_bias=None) -> torch.Tensor:

@@ -147,7 +147,7 @@ def test_decode_kernel_that_fails_its_check_is_not_used(monkeypatch, how):
 
     monkeypatch.setattr(Dm, "_KERNEL", kernel)
     q, k, v, bias = _decode_inputs()
-    with pytest.warns(RuntimeWarning, match="decode kernel failed its self-check for float32, head dim 32") as rec:
+    with pytest.warns(RuntimeWarning, match="decode kernel for float32, head dim 32 failed the self-check") as rec:
         a = Dm.decode_attention(q, k, v, bias)
         b = Dm.decode_attention(q, k, v, bias)  # remembered: no second check, no warning
     assert len([w for w in rec if str(w.message).startswith("imggen:")]) == 1
