@@ -181,6 +181,7 @@ def test_error_metrics_catch_one_bad_row_and_nan():
     bad[2, 17] += 1.0  # one wrong row hides in the global norm but not in the row metric
     c = gb.compare([bad], [ref], tol)
     assert c["out"]["rel"] < 2e-2 and not c["ok"]
+    assert divmod(c["out"]["worst_row_index"], 1000) == (2, 17)  # where the worst-slice check looks
     bad[0, 0, 0] = float("nan")
     assert math.isinf(gb.compare([bad], [ref], tol)["out"]["rel"])
 
