@@ -35,8 +35,8 @@
 #        (1-7 s each); triton_selfcheck per pattern kind (7 kinds, bf16, D=64, ~4 s each); the N=65536 rows
 #        (band x3, local2d 256x256, bigbird: 1-13 s each); flex per row (5-8 s each, the diffuser's 48-56 s:
 #        one compile per shape); self-checks at D=32 (~3 s each); last, the diffuser at N=65536 (its
-#        fp32 reference outlasted a 45 s slot on the H200). The default 4-minute slot ends somewhere in here: the rest is
-#        listed under 'Not run' in gpu_check.md, for the longer call above.
+#        fp32 reference outlasted a 45 s slot on the H200). The default 4-minute slot ends somewhere in
+#        here: the rest is listed under 'Not run' in gpu_check.md, for the longer call above.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

@@ -246,8 +246,10 @@ def main(argv=None) -> int:
             for kind in ("lesions", "centre"):
                 res = [run_worker(repos[c], "inpaint", preset, kind) for c in cols]
                 frac = next((f" ({r['hole_frac']:.0%})" for r in res if "hole_frac" in r), "")
-                ratio = [f"{res[0]['seconds'] / res[1]['seconds']:.1f}x"] if len(cols) == 2 and not any(
-                    "error" in r for r in res) else ["-"] * (len(cols) == 2)
+                ratio = []  # the speed-up column exists only with a before column
+                if len(cols) == 2:
+                    ok = not any("error" in r for r in res)
+                    ratio = [f"{res[0]['seconds'] / res[1]['seconds']:.1f}x" if ok else "-"]
                 lines.append(f"| {preset} | {kind}{frac} | " + " | ".join(
                     [r.get("error") or f"{r['seconds']:.1f} ({r['threads']})" for r in res] + ratio) + " |")
                 print(lines[-1], flush=True)

@@ -108,16 +108,17 @@ _CHECKED: dict[tuple, bool] = {}
 def triton_ok(pattern: Pattern, dtype, head_dim: int, device) -> bool:
     """First use per (pattern kind, dtype, head dim): `triton_selfcheck`; on a failure or a
     compile/launch error warn once and remember to use flex for that configuration."""
-    what = f"the Triton kernels for {pattern.name} attention, {str(dtype).replace('torch.', '')}, head dim {head_dim}"
     return passes_once(_CHECKED, (type(pattern), dtype, head_dim),
-                       lambda: triton_selfcheck(pattern, dtype, head_dim, device), what,
+                       lambda: triton_selfcheck(pattern, dtype, head_dim, device),
+                       lambda: f"the Triton kernels for {pattern.name} attention, {str(dtype).replace('torch.', '')}, "
+                               f"head dim {head_dim}",
                        "using FlexAttention for this configuration (set IMGGEN_BACKEND to choose yourself)")
 
 
-def passes_once(cache: dict, key, check, what: str, instead: str, quiet: tuple = ()) -> bool:
+def passes_once(cache: dict, key, check, what, instead: str, quiet: tuple = ()) -> bool:
     """`check()` on the first use of `key` only (a kernel's self-check). An exception means: do not
-    trust the kernel for that key; one warning naming `what` and what runs `instead` (none for the
-    exception types in `quiet`)."""
+    trust the kernel for that key; one warning naming `what()` and what runs `instead` (none for
+    the exception types in `quiet`). Later calls are one dict lookup (they sit on hot paths)."""
     if key not in cache:
         try:
             check()
@@ -125,7 +126,7 @@ def passes_once(cache: dict, key, check, what: str, instead: str, quiet: tuple =
         except quiet:
             cache[key] = False
         except Exception as e:  # noqa: BLE001 - any failure means: do not trust the kernel here
-            warnings.warn(f"imggen: {what} failed the self-check ({type(e).__name__}: "
+            warnings.warn(f"imggen: {what()} failed the self-check ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''}); {instead}", RuntimeWarning, stacklevel=4)
             cache[key] = False
     return cache[key]
@@ -158,7 +159,13 @@ def triton_selfcheck(pattern: Pattern, dtype, head_dim: int, device, n: int = 33
         split = run(lambda *a: kernels.sparse_attention(*a, pattern), dtype, device)
     for how, res in (("", got), (" with split rows", split)):
         for name, e, f, x in zip(("output", "dq", "dk", "dv"), exact, floor, res):
-            err, noise = (x - e).abs().max().item(), (f - e).abs().max().item()
-            if not err <= 2 * noise + SELFCHECK_EPS.get(dtype, 1e-5):  # also catches NaN
-                raise AssertionError(f"{name}{how} differs from the reference by {err:.3g} (noise floor {noise:.3g})")
+            within_floor(name + how, x, e, f, dtype)
+
+
+def within_floor(what: str, x, exact, floor, dtype) -> None:
+    """Raise AssertionError unless x's largest error against `exact` is at most twice that of
+    `floor` (the reference computed in `dtype`) plus SELFCHECK_EPS; NaN fails."""
+    err, noise = (x - exact).abs().max().item(), (floor - exact).abs().max().item()
+    if not err <= 2 * noise + SELFCHECK_EPS.get(dtype, 1e-5):
+        raise AssertionError(f"{what} differs from the reference by {err:.3g} (noise floor {noise:.3g})")
 
