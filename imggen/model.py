@@ -19,6 +19,7 @@ from imggen.config import ModelConfig
 from imggen.context import ContextEncoder, make_context
 from imggen.errors import ShapeError
 from imggen.fused import ln_linear, ln_mlp
+from imggen.panels import step_linear
 from imggen.patterns import Pattern
 from imggen.attention import forced_backend, sparse_attention
 from imggen.tokens import position_coords
@@ -52,10 +53,10 @@ class Attention(nn.Module):
                 cache.prefill(q, k, v)
         return self.proj(o.transpose(1, 2).reshape(b, n, c))
 
-    def step(self, x, t: int, cache):
-        """x (B, dim) at position t -> (B, dim), reading and updating `cache`."""
-        q, k, v = self.qkv(x).view(x.shape[0], 3, self.heads, self.head_dim).unbind(1)  # (B, H, D)
-        return self.proj(cache.attend(q, k, v, t).reshape(x.shape[0], -1))
+    def step(self, x, t: int, cache, linear):
+        """x (B, dim) at position t -> (B, dim), reading and updating `cache`; linear(layer, x)."""
+        q, k, v = linear(self.qkv, x).view(x.shape[0], 3, self.heads, self.head_dim).unbind(1)  # (B, H, D)
+        return linear(self.proj, cache.attend(q, k, v, t).reshape(x.shape[0], -1))
 
 
 class Block(nn.Module):
@@ -73,9 +74,9 @@ class Block(nn.Module):
         x = x + self.drop(self.attn(ln_linear(x, self.ln1, self.attn.qkv), cache, t0))
         return x + self.drop(ln_mlp(x, self.ln2, self.mlp[0], self.mlp[2]))
 
-    def step(self, x, t, cache):
-        x = x + self.attn.step(self.ln1(x), t, cache)
-        return x + self.mlp(self.ln2(x))
+    def step(self, x, t, cache, linear):
+        x = x + self.attn.step(self.ln1(x), t, cache, linear)
+        return x + linear(self.mlp[2], self.mlp[1](linear(self.mlp[0], self.ln2(x))))
 
 
 class ImageTransformer(nn.Module):
@@ -175,9 +176,10 @@ class ImageTransformer(nn.Module):
         else:
             x = self.tok_emb(prev.view(-1))
         x = self._add_features(x + self.pos_emb(t, t + 1), features, t)  # (B, dim): 2-D throughout
+        linear = step_linear(self)
         for blk, cache in zip(self.blocks, caches):
-            x = blk.step(x, t, cache)
-        return self.head(self.ln_f(x))
+            x = blk.step(x, t, cache, linear)
+        return linear(self.head, self.ln_f(x))
 
     @torch.no_grad()
     def extend(self, prev: torch.Tensor, t0: int, caches, features: torch.Tensor | None = None) -> torch.Tensor:

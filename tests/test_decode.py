@@ -6,10 +6,12 @@ import torch
 
 import imggen.decode as dec
 import imggen.model
+import imggen.panels
 from imggen.decode import make_cache, make_caches
 from imggen.config import ModelConfig
 from imggen.errors import ShapeError
 from imggen.model import ImageTransformer
+from imggen.panels import panel_linear
 from imggen.patterns import make_pattern
 from imggen.sampling import generate, inpaint, sample, teacher_force
 
@@ -40,9 +42,16 @@ def _model(channels, seed=0, height=5, width=7, **kw):
     return ImageTransformer(cfg).eval()
 
 
+@pytest.mark.parametrize("linear", ["layers", "panels"])
 @pytest.mark.parametrize("channels", [1, 3])
 @pytest.mark.parametrize("case", list(CASES))
-def test_teacher_force_parity(case, channels):
+def test_teacher_force_parity(case, channels, linear, monkeypatch):
+    """Decode steps give the forward's logits; "panels": their linears through weight panels
+    (imggen.panels, which large models use on CPU), 12 columns wide so that most layers end in a
+    padded panel."""
+    if linear == "panels":
+        monkeypatch.setattr(imggen.panels, "MIN_BYTES", 0)
+        monkeypatch.setattr(imggen.panels, "PANEL", 12)
     model = _model(channels, **CASES[case])
     x = torch.randint(0, 16, (2, model.config.seq_len), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -55,6 +64,7 @@ def test_teacher_force_parity(case, channels):
     p = model.config.seq_len // 2 + 1  # prefill, then decode
     out = teacher_force(model, x, cache="evict", prefill=p)
     assert (out - ref).abs().max() <= 1e-4
+    assert ("_panels" in model.head.__dict__) == (linear == "panels")
 
 
 @pytest.mark.parametrize("parts", ["whole", "split"])
@@ -248,6 +258,30 @@ def test_decode_attention_matches_the_kernel_reference():
     bias[:, 0] = 0
     ref = kernels.decode_attention_reference(q, k, v, bias[None])
     torch.testing.assert_close(decode_attention(q, k, v, bias), ref)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_panel_linear_equals_the_layer(rows, bias):
+    """Decode-step linears through weight panels (imggen.panels) equal the layer, repack after an
+    in-place update (an optimizer step), and leave autograd and larger batches to the layer."""
+    torch.manual_seed(rows)
+    layer = torch.nn.Linear(37, 45, bias=bias)  # 45 outputs: the last panel is padded
+    x = torch.randn(rows, 37)
+    with torch.no_grad():
+        torch.testing.assert_close(panel_linear(layer, x), layer(x), rtol=1e-5, atol=1e-6)
+        assert "_panels" in layer.__dict__  # the panel path ran
+        layer.weight.mul_(-2)
+        if bias:
+            layer.bias.add_(1)
+        torch.testing.assert_close(panel_linear(layer, x), layer(x), rtol=1e-5, atol=1e-6)
+        fresh = torch.nn.Linear(37, 45, bias=bias)
+        big = torch.randn(16 * torch.get_num_threads() + 1, 37)
+        torch.testing.assert_close(panel_linear(fresh, big), fresh(big))
+        assert "_panels" not in fresh.__dict__
+    xg = x.clone().requires_grad_()
+    panel_linear(layer, xg).sum().backward()
+    torch.testing.assert_close(xg.grad, layer.weight.sum(0).expand(rows, -1))
 
 
 @pytest.mark.parametrize("draw", range(6))

@@ -1,0 +1,74 @@
+"""Decode-step linears on CPU: weights repacked into contiguous column panels.
+
+A decode step multiplies a few rows (one per sequence) by every weight of the model, so it is
+bound by reading the weights. Measured on the 2-core test box: MKL's GEMMs x (16, in) @ W^T read
+the weights of a brats-preset step (25 MB) at 2-3 GB/s, while a plain sum streams 13-17 GB/s.
+`panel_linear` keeps, per layer, a copy of W^T cut into panels of PANEL output columns, each a
+contiguous (in, PANEL) block, and runs one batched GEMM over the panels, every panel read front to
+back: those linears take about half the time (bench/RESULTS.md section 8). The copy is remade
+whenever the weights change (training between sampling grids).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+PANEL = 16          # output columns per panel (measured: bench/RESULTS.md section 8)
+ROWS_PER_THREAD = 16  # panels for at most this many rows per thread; above it MKL's GEMM wins
+MIN_BYTES = 4 << 20   # ... and for models whose linear weights exceed this (smaller ones stay cached)
+
+
+def _pack(layer: nn.Linear):
+    """(panels (P, in, PANEL), bias (P, 1, PANEL) or None): W^T in column panels, zero-padded."""
+    w = layer.weight.detach()
+    out, inp = w.shape
+    p = -(-out // PANEL)
+    panels = w.new_zeros(p * PANEL, inp)
+    panels[:out] = w
+    panels = panels.view(p, PANEL, inp).transpose(1, 2).contiguous()
+    bias = None
+    if layer.bias is not None:
+        bias = w.new_zeros(p * PANEL)
+        bias[:out] = layer.bias.detach()
+        bias = bias.view(p, 1, PANEL)
+    return panels, bias
+
+
+def _key(layer: nn.Linear):
+    """Changes whenever the weight or bias does (in-place updates bump a tensor's version)."""
+    ps = [layer.weight] + ([layer.bias] if layer.bias is not None else [])
+    return tuple((t.data_ptr(), t._version, t.dtype) for t in ps)
+
+
+def panel_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """layer(x) for x (M, in); through the layer's weight panels on CPU outside autograd for
+    M <= ROWS_PER_THREAD * threads, else the layer itself."""
+    m = x.shape[0]
+    if x.device.type != "cpu" or x.dim() != 2 or m > ROWS_PER_THREAD * torch.get_num_threads() \
+            or torch.is_grad_enabled():
+        return layer(x)
+    key = _key(layer)
+    packed = layer.__dict__.get("_panels")
+    if packed is None or packed[0] != key:
+        packed = (key, *_pack(layer))
+        layer.__dict__["_panels"] = packed
+    _, panels, bias = packed
+    xs = x.expand(panels.shape[0], m, x.shape[1])
+    y = torch.bmm(xs, panels) if bias is None else torch.baddbmm(bias, xs, panels)  # (P, M, PANEL)
+    y = y.transpose(0, 1).reshape(m, -1)
+    return y if y.shape[1] == layer.out_features else y[:, :layer.out_features]
+
+
+def _layer(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return layer(x)
+
+
+def step_linear(model: nn.Module):
+    """linear(layer, x) for the decode steps of `model`: panel_linear when its Linear weights exceed
+    MIN_BYTES (measured at batch 16, 2 threads: 1.9 MB of weights 0.89x, 3.3 MB 1.0x, 7 MB 1.1x,
+    14 MB 1.2x, 25 MB 1.3x the step's speed), else the layers themselves."""
+    count = model.__dict__.get("_linear_weights")
+    if count is None:
+        ws = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
+        count = model.__dict__["_linear_weights"] = (sum(w.numel() for w in ws), ws[0])
+    return panel_linear if count[0] * count[1].element_size() > MIN_BYTES else _layer
