@@ -447,12 +447,21 @@ def make_cache(pattern: Pattern, batch: int, heads: int, head_dim: int, n: int, 
     return Cache(pattern, batch, heads, head_dim, n, device, dtype, keep_all)
 
 
-def make_caches(model, batch: int, cache: str = "evict", device=None, dtype=None) -> list:
+class Caches(list):
+    """The caches of one decoding run, one per layer, and what the run packs once (`packed`:
+    imggen.panels' weight panels)."""
+
+    def __init__(self, caches):
+        super().__init__(caches)
+        self.packed: dict = {}
+
+
+def make_caches(model, batch: int, cache: str = "evict", device=None, dtype=None) -> Caches:
     """One cache per layer: 'evict' (memory-bounded, the default) or 'full' (keep everything)."""
     if cache not in ("evict", "full", "auto"):
         raise ValueError(f"cache must be 'evict' or 'full', got {cache!r}")
     cfg = model.config
     device = device or next(model.parameters()).device
     dtype = dtype or next(model.parameters()).dtype
-    return [make_cache(p, batch, cfg.heads, cfg.dim // cfg.heads, cfg.seq_len, device, dtype, keep_all=cache == "full")
-            for p in model.patterns]
+    return Caches(make_cache(p, batch, cfg.heads, cfg.dim // cfg.heads, cfg.seq_len, device, dtype,
+                             keep_all=cache == "full") for p in model.patterns)

@@ -176,7 +176,7 @@ class ImageTransformer(nn.Module):
         else:
             x = self.tok_emb(prev.view(-1))
         x = self._add_features(x + self.pos_emb(t, t + 1), features, t)  # (B, dim): 2-D throughout
-        linear = step_linear(self)
+        linear = step_linear(self, caches)
         for blk, cache in zip(self.blocks, caches):
             x = blk.step(x, t, cache, linear)
         return linear(self.head, self.ln_f(x))

@@ -5,10 +5,12 @@ bound by reading the weights. Measured on the 2-core test box: MKL's GEMMs x (16
 the weights of a brats-preset step (25 MB) at 2-3 GB/s, while a plain sum streams 13-17 GB/s.
 `panel_linear` keeps, per layer, a copy of W^T cut into panels of PANEL output columns, each a
 contiguous (in, PANEL) block, and runs one batched GEMM over the panels, every panel read front to
-back: those linears take about half the time (bench/RESULTS.md section 8). The copy is remade
-whenever the weights change (training between sampling grids).
+back: those linears take about half the time (bench/RESULTS.md section 8). The copy is made once
+per decoding run and held by its caches, so a run always sees the weights of its start.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn as nn
@@ -34,25 +36,17 @@ def _pack(layer: nn.Linear):
     return panels, bias
 
 
-def _key(layer: nn.Linear):
-    """Changes whenever the weight or bias does (in-place updates bump a tensor's version)."""
-    ps = [layer.weight] + ([layer.bias] if layer.bias is not None else [])
-    return tuple((t.data_ptr(), t._version, t.dtype) for t in ps)
-
-
-def panel_linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """layer(x) for x (M, in); through the layer's weight panels on CPU outside autograd for
-    M <= ROWS_PER_THREAD * threads, else the layer itself."""
+def panel_linear(layer: nn.Linear, x: torch.Tensor, store: dict) -> torch.Tensor:
+    """layer(x) for x (M, in): through the layer's weight panels (packed into `store` on first use)
+    on CPU outside autograd for M <= ROWS_PER_THREAD * threads, else the layer itself."""
     m = x.shape[0]
     if x.device.type != "cpu" or x.dim() != 2 or m > ROWS_PER_THREAD * torch.get_num_threads() \
             or torch.is_grad_enabled():
         return layer(x)
-    key = _key(layer)
-    packed = layer.__dict__.get("_panels")
-    if packed is None or packed[0] != key:
-        packed = (key, *_pack(layer))
-        layer.__dict__["_panels"] = packed
-    _, panels, bias = packed
+    packed = store.get(layer)
+    if packed is None:
+        packed = store[layer] = _pack(layer)
+    panels, bias = packed
     xs = x.expand(panels.shape[0], m, x.shape[1])
     y = torch.bmm(xs, panels) if bias is None else torch.baddbmm(bias, xs, panels)  # (P, M, PANEL)
     y = y.transpose(0, 1).reshape(m, -1)
@@ -63,12 +57,17 @@ def _layer(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return layer(x)
 
 
-def step_linear(model: nn.Module):
-    """linear(layer, x) for the decode steps of `model`: panel_linear when its Linear weights exceed
-    MIN_BYTES (measured at batch 16, 2 threads: 1.9 MB of weights 0.89x, 3.3 MB 1.0x, 7 MB 1.1x,
-    14 MB 1.2x, 25 MB 1.3x the step's speed), else the layers themselves."""
-    count = model.__dict__.get("_linear_weights")
-    if count is None:
-        ws = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
-        count = model.__dict__["_linear_weights"] = (sum(w.numel() for w in ws), ws[0])
-    return panel_linear if count[0] * count[1].element_size() > MIN_BYTES else _layer
+def step_linear(model: nn.Module, caches):
+    """linear(layer, x) for the decode steps of `model` through `caches` (imggen.decode.make_caches):
+    panel_linear, its panels held by the caches for that decoding run (whose keys and values are
+    tied to the weights of that moment too), when the model's Linear weights exceed MIN_BYTES
+    (measured at batch 16, 2 threads: 1.9 MB of weights 0.89x, 3.3 MB 1.0x, 7 MB 1.1x, 14 MB 1.2x,
+    25 MB 1.3x the step's speed); else the layers themselves."""
+    store = getattr(caches, "packed", None)
+    if store is None:
+        return _layer
+    size = store.get("bytes")
+    if size is None:
+        size = store["bytes"] = sum(m.weight.numel() * m.weight.element_size()
+                                    for m in model.modules() if isinstance(m, nn.Linear))
+    return functools.partial(panel_linear, store=store) if size > MIN_BYTES else _layer

@@ -61,10 +61,12 @@ def test_teacher_force_parity(case, channels, linear, monkeypatch):
         assert all(c.capacity < model.config.seq_len for c in caches), [c.capacity for c in caches]
     out = teacher_force(model, x, cache="evict")
     assert (out - ref).abs().max() <= 1e-4
+    caches = make_caches(model, 2, "evict")
+    model.step(None, 0, caches)
+    assert (model.head in caches.packed) == (linear == "panels")  # the path the test names ran
     p = model.config.seq_len // 2 + 1  # prefill, then decode
     out = teacher_force(model, x, cache="evict", prefill=p)
     assert (out - ref).abs().max() <= 1e-4
-    assert ("_panels" in model.head.__dict__) == (linear == "panels")
 
 
 @pytest.mark.parametrize("parts", ["whole", "split"])
@@ -263,25 +265,34 @@ def test_decode_attention_matches_the_kernel_reference():
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("rows", [1, 5, 16])
 def test_panel_linear_equals_the_layer(rows, bias):
-    """Decode-step linears through weight panels (imggen.panels) equal the layer, repack after an
-    in-place update (an optimizer step), and leave autograd and larger batches to the layer."""
+    """Decode-step linears through weight panels (imggen.panels) equal the layer and leave
+    autograd and batches above the threads' share to the layer."""
     torch.manual_seed(rows)
-    layer = torch.nn.Linear(37, 45, bias=bias)  # 45 outputs: the last panel is padded
+    layer, store = torch.nn.Linear(37, 45, bias=bias), {}  # 45 outputs: the last panel is padded
     x = torch.randn(rows, 37)
     with torch.no_grad():
-        torch.testing.assert_close(panel_linear(layer, x), layer(x), rtol=1e-5, atol=1e-6)
-        assert "_panels" in layer.__dict__  # the panel path ran
-        layer.weight.mul_(-2)
-        if bias:
-            layer.bias.add_(1)
-        torch.testing.assert_close(panel_linear(layer, x), layer(x), rtol=1e-5, atol=1e-6)
-        fresh = torch.nn.Linear(37, 45, bias=bias)
-        big = torch.randn(16 * torch.get_num_threads() + 1, 37)
-        torch.testing.assert_close(panel_linear(fresh, big), fresh(big))
-        assert "_panels" not in fresh.__dict__
+        torch.testing.assert_close(panel_linear(layer, x, store), layer(x), rtol=1e-5, atol=1e-6)
+        assert layer in store  # the panel path ran
+        big, fresh = torch.randn(16 * torch.get_num_threads() + 1, 37), {}
+        torch.testing.assert_close(panel_linear(layer, big, fresh), layer(big))
+        assert not fresh
     xg = x.clone().requires_grad_()
-    panel_linear(layer, xg).sum().backward()
+    panel_linear(layer, xg, store).sum().backward()
     torch.testing.assert_close(xg.grad, layer.weight.sum(0).expand(rows, -1))
+
+
+def test_each_decoding_run_packs_the_weights_of_its_start(monkeypatch):
+    """Panels belong to a run's caches: weights changed between runs, even through .data (which
+    no version counter sees), are what the next run decodes with."""
+    monkeypatch.setattr(imggen.panels, "MIN_BYTES", 0)
+    model = _model(1, attention="band", window=6)
+    x = torch.randint(0, 16, (2, model.config.seq_len), generator=torch.Generator().manual_seed(1))
+    for scale in (1.0, -3.0):
+        for p in model.parameters():
+            p.data.mul_(scale)
+        with torch.no_grad():
+            ref = model(x)
+        assert (teacher_force(model, x) - ref).abs().max() <= 1e-4
 
 
 @pytest.mark.parametrize("draw", range(6))
