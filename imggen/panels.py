@@ -5,7 +5,7 @@ bound by reading the weights. Measured on the 2-core test box: MKL's GEMMs x (16
 the weights of a brats-preset step (25 MB) at 2-3 GB/s, while a plain sum streams 13-17 GB/s.
 `panel_linear` keeps, per layer, a copy of W^T cut into panels of PANEL output columns, each a
 contiguous (in, PANEL) block, and runs one batched GEMM over the panels, every panel read front to
-back: those linears take about half the time (bench/RESULTS.md section 8). The copy is made once
+back: those linears run 1.3-1.8x faster (bench/RESULTS.md section 8). The copy is made once
 per decoding run and held by its caches, so a run always sees the weights of its start.
 """
 from __future__ import annotations
@@ -15,9 +15,13 @@ import functools
 import torch
 import torch.nn as nn
 
-PANEL = 16          # output columns per panel (measured: bench/RESULTS.md section 8)
-ROWS_PER_THREAD = 16  # panels for at most this many rows per thread; above it MKL's GEMM wins
-MIN_BYTES = 4 << 20   # ... and for models whose linear weights exceed this (smaller ones stay cached)
+# measured (bench/RESULTS.md section 8): 16 columns beat 32 and 64 in brats-preset steps (1 and 2
+# threads); bench/panels.py: panels win up to 32 rows per thread (1 thread: 1.09x at 32 rows, 0.98x at
+# 64; 2 threads: 1.14x at 64, 0.99x at 128) and for models with more than ~6 MB of linear weights
+# (smaller ones stay in the caches, where MKL wins)
+PANEL = 16
+ROWS_PER_THREAD = 32
+MIN_BYTES = 6 << 20
 
 
 def _pack(layer: nn.Linear):
@@ -61,8 +65,8 @@ def step_linear(model: nn.Module, caches):
     """linear(layer, x) for the decode steps of `model` through `caches` (imggen.decode.make_caches):
     panel_linear, its panels held by the caches for that decoding run (whose keys and values are
     tied to the weights of that moment too), when the model's Linear weights exceed MIN_BYTES
-    (measured at batch 16, 2 threads: 1.9 MB of weights 0.89x, 3.3 MB 1.0x, 7 MB 1.1x, 14 MB 1.2x,
-    25 MB 1.3x the step's speed); else the layers themselves."""
+    (decode steps at batch 16, 1 / 2 threads: 3.3 MB of weights 0.92x / 0.92x the speed, 7.3 MB
+    1.07x / 1.00x, 25 MB 1.15x / 1.24x); else the layers themselves."""
     store = getattr(caches, "packed", None)
     if store is None:
         return _layer

@@ -273,7 +273,7 @@ def test_panel_linear_equals_the_layer(rows, bias):
     with torch.no_grad():
         torch.testing.assert_close(panel_linear(layer, x, store), layer(x), rtol=1e-5, atol=1e-6)
         assert layer in store  # the panel path ran
-        big, fresh = torch.randn(16 * torch.get_num_threads() + 1, 37), {}
+        big, fresh = torch.randn(imggen.panels.ROWS_PER_THREAD * torch.get_num_threads() + 1, 37), {}
         torch.testing.assert_close(panel_linear(layer, big, fresh), layer(big))
         assert not fresh
     xg = x.clone().requires_grad_()
@@ -324,3 +324,17 @@ def test_read_plans_in_short_windows(case, monkeypatch):
     with torch.no_grad():
         ref = model(x)
     assert (teacher_force(model, x, prefill=11) - ref).abs().max() <= 1e-4
+
+
+def test_panels_bench_runs(tmp_path):
+    """bench/panels.py end to end at tiny sizes (its linears table checks panels against the layers)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "panels.md"
+    r = subprocess.run([sys.executable, "bench/panels.py", "--quick", "--threads", "1", "--out", str(out)],
+                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    text = out.read_text()
+    assert "| 4 |" in text and "| demo dim=32" in text, text

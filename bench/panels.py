@@ -1,0 +1,127 @@
+"""Decode-step linears through weight panels (imggen/panels.py) vs the layers (MKL), on this CPU.
+
+    python bench/panels.py [--threads 1,2] [--out bench/results/panels.md] [--quick]
+
+* linears: the Linear layers of a brats/cifar-preset model (dim 256, 8 layers, 25 MB of fp32
+  weights) applied to M rows, each weight once, as a decode step does: F.linear vs panel_linear;
+  median of 15 passes;
+* steps: model.step at batch 16 for models of growing weight size, panels on and off in turns of
+  40 steps in one process (the machine's drift hits both alike); median step time.
+Both choose imggen.panels' constants: ROWS_PER_THREAD (rows where panels stop winning) and
+MIN_BYTES (model size where they start).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, HERE)
+
+import imggen.panels as panels  # noqa: E402
+from imggen.config import preset  # noqa: E402
+from imggen.decode import make_caches  # noqa: E402
+from imggen.model import ImageTransformer  # noqa: E402
+
+
+def median_time(fn, reps: int) -> float:
+    for _ in range(2):
+        fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return sorted(ts)[reps // 2]
+
+
+def linears(dim: int, layers: int, rows: list[int], reps: int) -> list[str]:
+    mods = [nn.Linear(i, o) for _ in range(layers) for o, i in [(3 * dim, dim), (dim, dim), (4 * dim, dim), (dim, 4 * dim)]]
+    mb = sum(m.weight.numel() * 4 for m in mods) / 1e6
+    out = [f"| rows | F.linear ms | panels ms | speed-up | ({mb:.0f} MB of weights, {torch.get_num_threads()} threads) |",
+           "|---|---|---|---|---|"]
+    for m in rows:
+        xs = {dim: torch.randn(m, dim), 4 * dim: torch.randn(m, 4 * dim)}
+        store = {}
+        with torch.no_grad():
+            for mod in mods:
+                torch.testing.assert_close(panels.panel_linear(mod, xs[mod.in_features], store), mod(xs[mod.in_features]))
+            forced = panels.ROWS_PER_THREAD
+            panels.ROWS_PER_THREAD = 1 << 30  # time the panels above their default range too
+            try:
+                a = median_time(lambda: [mod(xs[mod.in_features]) for mod in mods], reps)
+                b = median_time(lambda: [panels.panel_linear(mod, xs[mod.in_features], store) for mod in mods], reps)
+            finally:
+                panels.ROWS_PER_THREAD = forced
+        out.append(f"| {m} | {a * 1e3:.2f} | {b * 1e3:.2f} | {a / b:.2f}x | |")
+    return out
+
+
+def steps(models: list[tuple[str, dict]], batch: int, rounds: int, per_round: int) -> list[str]:
+    out = [f"| model | linear weights | layers ms/step | panels ms/step | speed-up | ({torch.get_num_threads()} threads, batch {batch}) |",
+           "|---|---|---|---|---|---|"]
+    for name, over in models:
+        torch.manual_seed(0)
+        cfg = dataclasses.replace(preset(name).model, **over)
+        model = ImageTransformer(cfg).eval()
+        mb = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear)) / 1e6
+        caches, prev, t = make_caches(model, batch), None, 0
+        times = {"layers": [], "panels": []}
+        limit = panels.MIN_BYTES
+        try:
+            with torch.no_grad():
+                for _ in range(rounds):
+                    for mode in times:
+                        panels.MIN_BYTES = 0 if mode == "panels" else 1 << 62
+                        for i in range(per_round):
+                            if t >= cfg.seq_len:
+                                caches, prev, t = make_caches(model, batch), None, 0
+                            t1 = time.perf_counter()
+                            prev = model.step(prev, t, caches).argmax(-1)
+                            t += 1
+                            if i >= 3:
+                                times[mode].append(time.perf_counter() - t1)
+        finally:
+            panels.MIN_BYTES = limit
+        a, b = (sorted(v)[len(v) // 2] for v in times.values())
+        label = name + "".join(f" {k}={v}" for k, v in over.items())
+        out.append(f"| {label} | {mb:.1f} MB | {a * 1e3:.2f} | {b * 1e3:.2f} | {a / b:.2f}x | |")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--out", help="also write the tables to this markdown file")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test, not a measurement)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        dim, layers, rows, reps = 32, 1, [1, 4], 2
+        models, rounds, per_round = [("demo", dict(dim=32, layers=1, heads=2, height=8, width=8))], 1, 5
+    else:
+        dim, layers, rows, reps = 256, 8, [1, 4, 16, 32, 64, 128], 15
+        models = [("demo", {}), ("brats", dict(dim=128, layers=4, heads=4)), ("brats", dict(dim=192, layers=4, heads=6)),
+                  ("brats", dict(dim=192, layers=8, heads=6)), ("brats", {}), ("cifar", {})]
+        rounds, per_round = 6, 40
+    lines = []
+    for n in (int(x) for x in args.threads.split(",")):
+        torch.set_num_threads(n)
+        block = ([f"## {n} thread(s): linears", ""] + linears(dim, layers, rows, reps)
+                 + ["", f"## {n} thread(s): decode steps", ""] + steps(models, 16, rounds, per_round) + [""])
+        print("\n".join(block), flush=True)
+        lines += block
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(f"`python bench/panels.py {' '.join(argv or sys.argv[1:])}`, {time.strftime('%Y-%m-%d %H:%M')}\n\n")
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
