@@ -6,9 +6,10 @@
   weights) applied to M rows, each weight once, as a decode step does: F.linear vs panel_linear;
   median of 15 passes;
 * steps: model.step at batch 16 for models of growing weight size, panels on and off in turns of
-  40 steps in one process (the machine's drift hits both alike); median step time.
-Both choose imggen.panels' constants: ROWS_PER_THREAD (rows where panels stop winning) and
-MIN_BYTES (model size where they start).
+  20 steps in one process (the machine's drift hits both alike); median step time;
+* threads: model.step of the demo and brats presets at batch 1 and 4 on 1 vs 2 threads.
+They choose imggen.panels' constants ROWS_PER_THREAD (rows where panels stop winning) and
+MIN_BYTES (model size where they start), and imggen.threads' second core for small batches.
 """
 from __future__ import annotations
 
@@ -63,36 +64,49 @@ def linears(dim: int, layers: int, rows: list[int], reps: int) -> list[str]:
     return out
 
 
-def steps(models: list[tuple[str, dict]], batch: int, rounds: int, per_round: int) -> list[str]:
-    out = [f"| model | linear weights | layers ms/step | panels ms/step | speed-up | ({torch.get_num_threads()} threads, batch {batch}) |",
-           "|---|---|---|---|---|---|"]
+def steps(models: list[tuple[str, dict]], batches: list[int], modes: dict, rounds: int, per_round: int) -> list[str]:
+    """Median decode-step time of each model and batch under two `modes` (label -> a function that
+    applies it), taken in turns of `per_round` steps in one process."""
+    (la, lb) = modes
+    out = [f"| model | linear weights | batch | {la} ms/step | {lb} ms/step | speed-up |", "|---|---|---|---|---|---|"]
+    limit, threads = panels.MIN_BYTES, torch.get_num_threads()
     for name, over in models:
         torch.manual_seed(0)
         cfg = dataclasses.replace(preset(name).model, **over)
         model = ImageTransformer(cfg).eval()
         mb = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear)) / 1e6
-        caches, prev, t = make_caches(model, batch), None, 0
-        times = {"layers": [], "panels": []}
-        limit = panels.MIN_BYTES
-        try:
-            with torch.no_grad():
-                for _ in range(rounds):
-                    for mode in times:
-                        panels.MIN_BYTES = 0 if mode == "panels" else 1 << 62
-                        for i in range(per_round):
-                            if t >= cfg.seq_len:
-                                caches, prev, t = make_caches(model, batch), None, 0
-                            t1 = time.perf_counter()
-                            prev = model.step(prev, t, caches).argmax(-1)
-                            t += 1
-                            if i >= 3:
-                                times[mode].append(time.perf_counter() - t1)
-        finally:
-            panels.MIN_BYTES = limit
-        a, b = (sorted(v)[len(v) // 2] for v in times.values())
-        label = name + "".join(f" {k}={v}" for k, v in over.items())
-        out.append(f"| {label} | {mb:.1f} MB | {a * 1e3:.2f} | {b * 1e3:.2f} | {a / b:.2f}x | |")
+        for batch in batches:
+            caches, prev, t = make_caches(model, batch), None, 0
+            times = {la: [], lb: []}
+            try:
+                with torch.no_grad():
+                    for _ in range(rounds):
+                        for mode in times:
+                            modes[mode]()
+                            for i in range(per_round):
+                                if t >= cfg.seq_len:
+                                    caches, prev, t = make_caches(model, batch), None, 0
+                                t1 = time.perf_counter()
+                                prev = model.step(prev, t, caches).argmax(-1)
+                                t += 1
+                                if i >= 3:
+                                    times[mode].append(time.perf_counter() - t1)
+            finally:
+                panels.MIN_BYTES = limit
+                torch.set_num_threads(threads)
+            a, b = (sorted(v)[len(v) // 2] for v in times.values())
+            label = name + "".join(f" {k}={v}" for k, v in over.items())
+            out.append(f"| {label} | {mb:.1f} MB | {batch} | {a * 1e3:.2f} | {b * 1e3:.2f} | {a / b:.2f}x |")
     return out
+
+
+def _set(**kw):
+    def apply():
+        if "min_bytes" in kw:
+            panels.MIN_BYTES = kw["min_bytes"]
+        if "threads" in kw:
+            torch.set_num_threads(kw["threads"])
+    return apply
 
 
 def main(argv=None) -> int:
@@ -104,18 +118,27 @@ def main(argv=None) -> int:
     if args.quick:
         dim, layers, rows, reps = 32, 1, [1, 4], 2
         models, rounds, per_round = [("demo", dict(dim=32, layers=1, heads=2, height=8, width=8))], 1, 5
+        thread_models = models
     else:
         dim, layers, rows, reps = 256, 8, [1, 4, 16, 32, 64, 128], 15
         models = [("demo", {}), ("brats", dict(dim=128, layers=4, heads=4)), ("brats", dict(dim=192, layers=4, heads=6)),
                   ("brats", dict(dim=192, layers=8, heads=6)), ("brats", {}), ("cifar", {})]
-        rounds, per_round = 6, 40
+        thread_models = [models[0], models[4]]  # demo, brats
+        rounds, per_round = 12, 20
     lines = []
     for n in (int(x) for x in args.threads.split(",")):
         torch.set_num_threads(n)
         block = ([f"## {n} thread(s): linears", ""] + linears(dim, layers, rows, reps)
-                 + ["", f"## {n} thread(s): decode steps", ""] + steps(models, 16, rounds, per_round) + [""])
+                 + ["", f"## {n} thread(s): decode steps, layers vs panels", ""]
+                 + steps(models, [16], {"layers": _set(min_bytes=1 << 62), "panels": _set(min_bytes=0)}, rounds, per_round)
+                 + [""])
         print("\n".join(block), flush=True)
         lines += block
+    # sample.py's thread choice for small batches (imggen.threads.decode_tick), panels as chosen
+    block = ["## decode steps, 1 vs 2 threads (panels where imggen.panels picks them)", ""] + steps(
+        thread_models, [1, 4], {"1 thread": _set(threads=1), "2 threads": _set(threads=2)}, rounds, per_round) + [""]
+    print("\n".join(block), flush=True)
+    lines += block
     if args.out:
         with open(args.out, "w") as f:
             f.write(f"`python bench/panels.py {' '.join(argv or sys.argv[1:])}`, {time.strftime('%Y-%m-%d %H:%M')}\n\n")

@@ -16,11 +16,12 @@ import torch
 import torch.nn as nn
 
 # measured (bench/RESULTS.md section 8): 16 columns beat 32 and 64 in brats-preset steps (1 and 2
-# threads); bench/panels.py: panels win up to 32 rows per thread (1 thread: 1.09x at 32 rows, 0.98x at
-# 64; 2 threads: 1.14x at 64, 0.99x at 128) and for models with more than ~6 MB of linear weights
-# (smaller ones stay in the caches, where MKL wins)
+# threads); bench/panels.py, three runs: panels win up to 16 rows per thread (1 thread, 16 rows:
+# 0.90-1.31x, 32 rows 0.69-1.09x; 2 threads, 32 rows: 1.11-1.43x, 64 rows 1.00-1.17x) and in the
+# decode steps of models with more than ~6 MB of linear weights (smaller ones stay in the caches,
+# where MKL wins)
 PANEL = 16
-ROWS_PER_THREAD = 32
+ROWS_PER_THREAD = 16
 MIN_BYTES = 6 << 20
 
 
@@ -65,13 +66,21 @@ def step_linear(model: nn.Module, caches):
     """linear(layer, x) for the decode steps of `model` through `caches` (imggen.decode.make_caches):
     panel_linear, its panels held by the caches for that decoding run (whose keys and values are
     tied to the weights of that moment too), when the model's Linear weights exceed MIN_BYTES
-    (decode steps at batch 16, 1 / 2 threads: 3.3 MB of weights 0.92x / 0.92x the speed, 7.3 MB
-    1.07x / 1.00x, 25 MB 1.15x / 1.24x); else the layers themselves."""
+    (decode steps at batch 16 on 2 threads, three runs: 3.3 MB of weights 0.92-0.94x the speed,
+    7.3 MB 1.00-1.15x, 25 MB 1.05-1.29x); else the layers themselves."""
     store = getattr(caches, "packed", None)
     if store is None:
         return _layer
     size = store.get("bytes")
     if size is None:
-        size = store["bytes"] = sum(m.weight.numel() * m.weight.element_size()
-                                    for m in model.modules() if isinstance(m, nn.Linear))
+        size = store["bytes"] = linear_bytes(model)
     return functools.partial(panel_linear, store=store) if size > MIN_BYTES else _layer
+
+
+def linear_bytes(model: nn.Module) -> int:
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def is_large(model: nn.Module) -> bool:
+    """Whether the model's Linear weights exceed MIN_BYTES (its CPU decode steps use panels)."""
+    return linear_bytes(model) > MIN_BYTES

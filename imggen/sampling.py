@@ -8,6 +8,7 @@ from tqdm import tqdm
 
 from imggen.decode import make_caches
 from imggen.errors import ConfigError, ShapeError
+from imggen.panels import is_large
 from imggen.threads import decode_tick
 from imggen.tokens import detokenize_tokens
 
@@ -96,9 +97,9 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
     # one step decodes batch_size tokens: unit_scale makes the bar's rate tokens/s
     bar = tqdm(total=n - start, desc="sampling", unit="tok", unit_scale=batch_size, disable=not progress,
                leave=False)
-    t = start
+    t, large = start, is_large(model)
     while t < n:
-        decode_tick(batch_size)
+        decode_tick(batch_size, large)
         if run_end[t]:  # known for every image: one pass for the run
             u = run_end[t]
             tokens[:, t:u] = known[:, t:u]

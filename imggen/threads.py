@@ -6,9 +6,11 @@ with 2 threads than with 1; bench/RESULTS.md section 8, shared cores). So every 
 `Governor`: every core while the machine is otherwise idle, 1 thread while other processes keep
 cores busy (rechecked every CHECK_S seconds from the kernel's count of runnable threads, ours
 subtracted), with a one-line note the first time. Decoding (imggen.sampling calls `decode_tick`
-once per step) also rechecks, and in sample.py it uses a second core only for batches of at least
-DECODE_MIN_BATCH sequences (measured on the idle box: at batch 1 a second thread made brats-preset
-steps 14-19% slower and demo steps no faster; at batch 16 brats steps ~1.2x faster).
+once per step) also rechecks, and in sample.py it uses a second core for batches of at least
+DECODE_MIN_BATCH sequences and for every batch of a model large enough for imggen.panels' weight
+panels (measured on the idle box, bench/panels.py, three runs: demo steps at batch 1 and 4
+0.93-1.11x as fast on two threads; brats-preset steps, whose panel GEMMs split over the cores,
+1.05-1.28x at batch 1 and 1.29-1.38x at batch 4).
 `--threads N` (or OMP_NUM_THREADS) fixes the count and switches the governor off.
 """
 from __future__ import annotations
@@ -86,12 +88,13 @@ def set_threads(n: int | None, kind: str) -> Governor:
     return gov
 
 
-def decode_tick(batch: int) -> None:
+def decode_tick(batch: int, large: bool = False) -> None:
     """Once per decode step (imggen.sampling): keep the running CLI's governor current; sample.py
-    decodes batches smaller than DECODE_MIN_BATCH on one thread."""
+    decodes batches smaller than DECODE_MIN_BATCH on one thread unless the model is `large`
+    (imggen.panels.is_large)."""
     gov = _current
     if gov is None:
         return
     if gov.kind == "sample":
-        gov.set_idle(gov.cores if batch >= DECODE_MIN_BATCH else 1)
+        gov.set_idle(gov.cores if batch >= DECODE_MIN_BATCH or large else 1)
     gov.tick()

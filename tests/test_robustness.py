@@ -195,9 +195,10 @@ def test_bad_save_limit_fails_before_the_data_loads(tmp_path):
     assert "molecules" not in r.stdout and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_sample_governor_uses_a_second_core_only_for_large_idle_batches(monkeypatch):
+def test_sample_governor_uses_a_second_core_only_for_large_idle_batches_or_models(monkeypatch):
     """sample.py: 1 thread for small decode batches, every core for batches >= DECODE_MIN_BATCH
-    while idle, 1 thread while others are busy; imggen.sample ticks it once per step."""
+    and for models large enough for weight panels while idle, 1 thread while others are busy;
+    imggen.sample ticks it once per step."""
     import imggen.threads as T
     old = torch.get_num_threads()
     monkeypatch.setattr(T, "CHECK_S", 3600.0)  # until below, only a change of the idle count rechecks
@@ -212,18 +213,22 @@ def test_sample_governor_uses_a_second_core_only_for_large_idle_batches(monkeypa
         assert torch.get_num_threads() == 1
         T.decode_tick(T.DECODE_MIN_BATCH)
         assert torch.get_num_threads() == 2
+        T.decode_tick(1)
+        assert torch.get_num_threads() == 1
+        T.decode_tick(1, True)  # a model large enough for weight panels: every core at any batch
+        assert torch.get_num_threads() == 2
         load["others"] = 2.0
         monkeypatch.setattr(T, "CHECK_S", 0.0)  # recheck the load at every tick from here on
         T.decode_tick(16)  # busy: back to one thread
         assert torch.get_num_threads() == 1
         ticks = []
         import imggen.sampling
-        monkeypatch.setattr(imggen.sampling, "decode_tick", ticks.append)
+        monkeypatch.setattr(imggen.sampling, "decode_tick", lambda *a: ticks.append(a))
         from imggen.config import ModelConfig
         from imggen.model import ImageTransformer
         cfg = ModelConfig(height=2, width=3, channels=1, bits=2, dim=8, layers=1, heads=1, attention="band", window=3)
         imggen.sampling.sample(ImageTransformer(cfg), 3)
-        assert ticks == [3] * 6
+        assert ticks == [(3, False)] * 6
         assert T.set_threads(1, "sample").fixed
     finally:
         T._current = None
