@@ -5,8 +5,9 @@ bound by reading the weights. Measured on the 2-core test box: MKL's GEMMs x (16
 the weights of a brats-preset step (25 MB) at 2-3 GB/s, while a plain sum streams 13-17 GB/s.
 `panel_linear` keeps, per layer, a copy of W^T cut into panels of PANEL output columns, each a
 contiguous (in, PANEL) block, and runs one batched GEMM over the panels, every panel read front to
-back: those linears run 1.3-1.8x faster (bench/RESULTS.md section 8). The copy is made once
-per decoding run and held by its caches, so a run always sees the weights of its start.
+back: at 16 rows those linears ran 1.40-1.64x faster on two threads, 0.90-1.31x on one (three
+runs, bench/RESULTS.md section 8). The copy is made once per decoding run and held by its caches,
+so a run always sees the weights of its start.
 """
 from __future__ import annotations
 
