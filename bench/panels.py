@@ -44,7 +44,7 @@ def median_time(fn, reps: int) -> float:
 
 def linears(dim: int, layers: int, rows: list[int], reps: int) -> list[str]:
     mods = [nn.Linear(i, o) for _ in range(layers) for o, i in [(3 * dim, dim), (dim, dim), (4 * dim, dim), (dim, 4 * dim)]]
-    mb = sum(m.weight.numel() * 4 for m in mods) / 1e6
+    mb = panels.linear_bytes(nn.ModuleList(mods)) / 1e6
     out = [f"| rows | F.linear ms | panels ms | speed-up | ({mb:.0f} MB of weights, {torch.get_num_threads()} threads) |",
            "|---|---|---|---|---|"]
     for m in rows:
@@ -74,7 +74,7 @@ def steps(models: list[tuple[str, dict]], batches: list[int], modes: dict, round
         torch.manual_seed(0)
         cfg = dataclasses.replace(preset(name).model, **over)
         model = ImageTransformer(cfg).eval()
-        mb = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear)) / 1e6
+        mb = panels.linear_bytes(model) / 1e6
         for batch in batches:
             caches, prev, t = make_caches(model, batch), None, 0
             times = {la: [], lb: []}
