@@ -1,13 +1,15 @@
 """Sampling, teacher forcing through the decode caches, ranking, prefix completion and inpainting."""
 from __future__ import annotations
 
+import math
 import time
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
 from imggen.decode import make_caches
-from imggen.errors import ConfigError, ShapeError
+from imggen.errors import ConfigError, ImggenError, ShapeError
 from imggen.panels import is_large
 from imggen.threads import decode_tick
 from imggen.tokens import detokenize_tokens
@@ -37,15 +39,33 @@ def teacher_force(model, tokens: torch.Tensor, cache: str = "evict", prefill: in
     return torch.cat(out, dim=1)
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, gen) -> torch.Tensor:
+def uniforms(batch: int, n: int, seed: int | None, first: int = 0) -> torch.Tensor:
+    """(batch, n) uniforms in [0, 1) that drive the draws of `batch` sequences of n tokens. With a
+    seed, sequence j's come from its own generator, keyed by (seed, first + j): a sequence depends
+    on the seed and its index only, not on the batch it is drawn in, and nearby seeds share no
+    sequence. Without one, the global RNG."""
+    if seed is None:
+        return torch.rand(batch, n)
+    rows = []
+    for j in range(first, first + batch):
+        key = np.random.SeedSequence([seed % 2 ** 63, j]).generate_state(1, np.uint64)[0]
+        rows.append(torch.rand(n, generator=torch.Generator().manual_seed(int(key) >> 1)))
+    return torch.stack(rows)
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, u: torch.Tensor) -> torch.Tensor:
+    """A token per row of logits (B, V): the argmax when greedy (temperature 0 or top_k 1), else the
+    inverse CDF of the tempered (top-k) softmax at u (B,)."""
     logits = logits.float()
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if temperature <= 0 or top_k == 1:
+    if temperature == 0 or top_k == 1:
         return logits.argmax(-1)
-    probs = torch.softmax(logits / temperature, dim=-1)
-    return torch.multinomial(probs.cpu(), 1, generator=gen).view(-1).to(logits.device)
+    cdf = torch.softmax(logits / temperature, dim=-1).cumsum_(-1)
+    total = cdf[:, -1:]
+    x = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))  # below the top
+    return torch.searchsorted(cdf, x, right=True).view(-1)  # the first token whose cdf exceeds x
 
 
 def _loglik(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -56,9 +76,11 @@ def _loglik(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def sample(model, batch_size: int, known=None, known_mask=None, temperature: float = 1.0,
            top_k: int | None = None, seed: int | None = None, cache: str = "evict",
-           progress: bool = False, return_logprob: bool = False, context: torch.Tensor | None = None):
+           progress: bool = False, return_logprob: bool = False, context: torch.Tensor | None = None,
+           first: int = 0):
     """Draw token sequences (B, N) long. Positions where known_mask is True keep `known`;
-    `context` (model.make_context) for context-trained models.
+    `context` (model.make_context) for context-trained models. temperature 0 = greedy. With a seed,
+    sequence j is drawn from the stream (seed, first + j) (`uniforms`).
 
     The longest prefix known for every image is processed in one parallel forward (prefill), and
     each later run of positions known for every image in one pass through the caches (extend).
@@ -69,6 +91,8 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
     device = next(model.parameters()).device
     if top_k is not None and top_k < 1:
         raise ConfigError(f"top_k must be >= 1 (or None), got {top_k}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
     if known is not None or known_mask is not None:
         if known is None or known_mask is None:
             raise ShapeError("pass both known and known_mask (or neither)")
@@ -76,7 +100,7 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
         if known.shape != (batch_size, n) or known_mask.shape != (batch_size, n):
             raise ShapeError(f"known and known_mask must be ({batch_size}, {n}); got {tuple(known.shape)} "
                              f"and {tuple(known_mask.shape)}")
-    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    draws = uniforms(batch_size, n, seed, first).to(device)
     caches = make_caches(model, batch_size, cache)
     feats = model.context_features(context, batch_size)
     tokens = torch.zeros(batch_size, n, dtype=torch.long, device=device)
@@ -98,6 +122,7 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
     bar = tqdm(total=n - start, desc="sampling", unit="tok", unit_scale=batch_size, disable=not progress,
                leave=False)
     t, large = start, is_large(model)
+    first_draw = next((i for i in range(start, n) if not run_end[i]), n)
     while t < n:
         decode_tick(batch_size, large)
         if run_end[t]:  # known for every image: one pass for the run
@@ -108,7 +133,9 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
         else:
             u = t + 1
             logits = model.step(tokens[:, t - 1] if t else None, t, caches, feats)
-            nxt = _pick(logits, temperature, top_k, gen)
+            if t == first_draw:  # fail early on a broken model
+                _check_finite(logits)
+            nxt = _pick(logits, temperature, top_k, draws[:, t])
             if known_mask is not None:
                 nxt = torch.where(known_mask[:, t], known[:, t], nxt)
             tokens[:, t] = nxt
@@ -116,7 +143,14 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
         bar.update(u - t)
         t = u
     bar.close()
+    _check_finite(logp)
     return (tokens, logp) if return_logprob else tokens
+
+
+def _check_finite(x: torch.Tensor) -> None:
+    if not bool(torch.isfinite(x).all()):
+        raise ImggenError("the model's outputs are not finite (NaN or inf): its weights are corrupt or its training "
+                          "diverged; sample from an earlier checkpoint")
 
 
 @torch.no_grad()
@@ -141,8 +175,9 @@ def generate(model, num: int, known=None, known_mask=None, rank: int = 1, batch_
     positions included) of R candidates. known / known_mask: (N,) or (num, N) as in `sample`;
     context: (1 or num, C+1, H, W) for context-trained models.
 
-    Sequences are drawn in chunks of `batch_size`; chunk i is seeded with seed + (index of its first
-    sequence), so the same seed gives the same images. Returns (tokens (num, N), logp (num,)).
+    Sequences are drawn in chunks of `batch_size`; with a seed, sequence i (candidate i of
+    num * rank) is drawn from the stream (seed, i) (`uniforms`), whatever the batch size. Returns
+    (tokens (num, N), logp (num,)).
     """
     if num < 1 or rank < 1 or batch_size < 1:
         raise ShapeError(f"num, rank and batch size must be >= 1; got {num}, {rank}, {batch_size}")
@@ -161,9 +196,8 @@ def generate(model, num: int, known=None, known_mask=None, rank: int = 1, batch_
     for i in range(0, total, batch_size):
         j = min(total, i + batch_size)
         t, lp = sample(model, j - i, None if known is None else known[i:j], None if known is None else known_mask[i:j],
-                       temperature=temperature, top_k=top_k, seed=None if seed is None else seed + i,
-                       cache=cache, progress=progress, return_logprob=True,
-                       context=None if context is None else context[i:j])
+                       temperature=temperature, top_k=top_k, seed=seed, first=i, cache=cache,
+                       progress=progress, return_logprob=True, context=None if context is None else context[i:j])
         toks.append(t.cpu())
         logps.append(lp.cpu())
     tokens, logp = torch.cat(toks).view(num, rank, n), torch.cat(logps).view(num, rank)

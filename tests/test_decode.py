@@ -7,9 +7,10 @@ import torch
 import imggen.decode as dec
 import imggen.model
 import imggen.panels
+import imggen.sampling as sampling
 from imggen.decode import make_cache, make_caches
 from imggen.config import ModelConfig
-from imggen.errors import ShapeError
+from imggen.errors import ConfigError, ImggenError, ShapeError
 from imggen.model import ImageTransformer
 from imggen.panels import panel_linear
 from imggen.patterns import make_pattern
@@ -199,6 +200,43 @@ def test_seeded_sampling_is_reproducible():
     assert torch.equal(a, b) and not torch.equal(a, sample(model, 2, seed=6))
 
 
+def test_seeded_images_depend_on_the_seed_and_their_index_only():
+    """Image i of a seed is the same whatever the batch size or count, and nearby seeds share none."""
+    model = _model(1, **CASES["local2d"])
+    ref, lp = generate(model, 5, seed=3, batch_size=5)
+    for batch in (1, 2, 3):
+        toks, lps = generate(model, 5, seed=3, batch_size=batch)
+        assert torch.equal(toks, ref) and torch.allclose(lps, lp, rtol=1e-5, atol=1e-4)
+    assert torch.equal(generate(model, 2, seed=3)[0], ref[:2])
+    other = generate(model, 5, seed=4)[0]
+    assert not any(torch.equal(x, y) for x in other for y in ref)
+
+
+def test_draws_follow_the_softmax_and_never_pick_what_top_k_drops():
+    logits = torch.tensor([[0.0, 1.0, -1.0, 2.0, -30.0]]).expand(20000, -1)
+    u = torch.rand(20000, generator=torch.Generator().manual_seed(0))
+    freq = torch.bincount(sampling._pick(logits, 1.0, None, u), minlength=5) / 20000
+    torch.testing.assert_close(freq, torch.softmax(logits[0], -1), atol=0.015, rtol=0)
+    edges = torch.tensor([0.0, 0.5, 1 - 2 ** -24])
+    assert set(sampling._pick(logits[:3], 1.0, 2, edges).tolist()) <= {1, 3}
+    assert sampling._pick(logits[:3], 0.5, None, edges).tolist()[0] == 0  # u = 0: the first token
+    assert sampling._pick(logits[:3], 0.0, None, edges).tolist() == [3, 3, 3]  # temperature 0: greedy
+
+
+@pytest.mark.parametrize("temperature", [float("nan"), -1.0, float("inf")])
+def test_bad_temperature_is_a_clear_error(temperature):
+    with pytest.raises(ConfigError, match="temperature"):
+        sample(_model(1, **CASES["band"]), 1, temperature=temperature)
+
+
+def test_a_model_with_non_finite_weights_is_a_clear_error():
+    model = _model(1, **CASES["band"])
+    with torch.no_grad():
+        model.head.weight[0, 0] = float("nan")
+    with pytest.raises(ImggenError, match="not finite"):
+        sample(model, 2, seed=0)
+
+
 def test_logprob_covers_the_whole_image():
     """sample(..., return_logprob=True) equals the model's log-likelihood of every token, known
     tokens after the hole included."""
@@ -224,13 +262,11 @@ def test_inpaint_keeps_known_pixels_and_rank_picks_the_most_likely():
     filled, logp = inpaint(model, image, mask, num=2, seed=0)
     assert filled.shape == (2, *cfg.shape)
     assert torch.equal(filled[:, :, ~mask], image[None, :, ~mask].expand(2, -1, -1))
-    # rank: the kept candidate is the max of the candidates drawn with the same seeds
+    # rank: the kept candidate is the max of the candidates drawn with the same seed
     best, best_lp = generate(model, 1, rank=4, batch_size=3, seed=7)
-    first, first_lp = generate(model, 3, seed=7, batch_size=3)  # the same two chunks, unranked
-    rest, rest_lp = generate(model, 1, seed=10, batch_size=3)
-    lps = torch.cat([first_lp, rest_lp])
+    cands, lps = generate(model, 4, seed=7, batch_size=3)  # the same four sequences, unranked
     assert len(set(lps.tolist())) == 4
-    assert torch.isclose(best_lp[0], lps.max()) and torch.equal(best[0], torch.cat([first, rest])[lps.argmax()])
+    assert torch.isclose(best_lp[0], lps.max()) and torch.equal(best[0], cands[lps.argmax()])
 
 
 @pytest.mark.parametrize("case", ["band", "local2d", "bigbird", "diffuser", "strided"])
