@@ -29,7 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from imggen.config import Config
-from imggen.errors import CheckpointError, ConfigError
+from imggen.errors import CheckpointError
 
 MANIFEST = "manifest.json"
 REQUIRED = ("model.safetensors", "config.json")
@@ -89,6 +89,21 @@ def save_checkpoint(run_dir: str, step: int, model, cfg: Config, state: dict | N
     for d in stale + older[: max(0, len(older) - (keep - 1))]:
         shutil.rmtree(os.path.join(ckpts, d), ignore_errors=True)
     return final
+
+
+def set_aside(ckpt_dir: str, latest: str | None) -> str:
+    """Rename checkpoint `ckpt_dir` (found unusable after it was written) to `<name>.diverged`, which
+    no search picks, and return the new path; LATEST then names checkpoint `latest`, or is removed
+    when there is none."""
+    pointer = os.path.join(os.path.dirname(ckpt_dir), "LATEST")
+    if latest:
+        _atomic_write_text(pointer, os.path.basename(latest))
+    elif os.path.exists(pointer):
+        os.remove(pointer)
+    aside = ckpt_dir + ".diverged"
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(ckpt_dir, aside)
+    return aside
 
 
 def _step(name: str) -> int:
@@ -231,11 +246,13 @@ def resolve(path: str) -> str:
 
 
 def read_config(ckpt_dir: str) -> Config:
+    """The validated config of checkpoint `ckpt_dir`; a CheckpointError naming its config.json otherwise."""
+    path = os.path.join(ckpt_dir, "config.json")
     try:
-        with open(os.path.join(ckpt_dir, "config.json")) as f:
-            return Config.from_dict(json.load(f))
-    except (OSError, json.JSONDecodeError, ConfigError) as e:
-        raise CheckpointError(f"cannot read the config of checkpoint {ckpt_dir}: {e}") from None
+        with open(path) as f:
+            return Config.from_dict(json.load(f)).validate()
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or text, and ConfigError
+        raise CheckpointError(f"cannot read the config of checkpoint {path}: {e}") from None
 
 
 def config_diff(a: Config, b: Config, section: str = "model") -> list[str]:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import typing
 from dataclasses import dataclass, field
 
 from imggen.context import CONTEXTS
@@ -14,11 +16,11 @@ BACKENDS = ("auto", "cpu", "triton", "flex", "reference")
 
 
 def _at_least(section: str, obj, lo, open_: bool = False, **names) -> None:
-    """ConfigError unless every named field is > lo (open_) or >= lo; None passes."""
+    """ConfigError unless every named field is finite and > lo (open_) or >= lo; None passes."""
     for name in names:
         v = getattr(obj, name)
-        if v is not None and (v <= lo if open_ else v < lo):
-            raise ConfigError(f"{section}.{name} must be {'>' if open_ else '>='} {lo}, got {v}")
+        if v is not None and not (math.isfinite(v) and (v > lo if open_ else v >= lo)):
+            raise ConfigError(f"{section}.{name} must be a finite number {'>' if open_ else '>='} {lo}, got {v}")
 
 
 @dataclass
@@ -163,11 +165,41 @@ class Config:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Config":
-        try:
-            return cls(preset=d.get("preset", "custom"), model=ModelConfig(**d["model"]),
-                       train=TrainConfig(**d.get("train", {})), data=DataConfig(**d.get("data", {})))
-        except (TypeError, KeyError) as e:
-            raise ConfigError(f"config is not an imggen config ({e}); was it written by another version?") from None
+        """The Config of a dict (a checkpoint's config.json); ConfigError when a section or field is
+        missing, unknown or of the wrong type."""
+        if not isinstance(d, dict) or "model" not in d:
+            raise ConfigError("config is not an imggen config (a JSON object with a 'model' section); was it "
+                              "written by another version?")
+        preset = d.get("preset", "custom")
+        if not isinstance(preset, str):
+            raise ConfigError(f"config field preset must be a string, got {preset!r}")
+        return cls(preset=preset, model=_section(ModelConfig, "model", d["model"]),
+                   train=_section(TrainConfig, "train", d.get("train", {})),
+                   data=_section(DataConfig, "data", d.get("data", {})))
+
+
+def _fits(v, typ) -> bool:
+    """Whether JSON value v can be a field of type typ (an int passes for a float, a bool for neither)."""
+    if typing.get_args(typ):  # e.g. int | None
+        return any(_fits(v, t) for t in typing.get_args(typ))
+    if typ is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if typ is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, typ)
+
+
+def _section(cls, name: str, d):
+    if not isinstance(d, dict):
+        raise ConfigError(f"config section {name} must be a mapping, got {type(d).__name__}")
+    types = typing.get_type_hints(cls)
+    for k, v in d.items():
+        if k not in types:
+            raise ConfigError(f"config section {name} has no field {k!r}; was it written by another version?")
+        if not _fits(v, types[k]):
+            raise ConfigError(f"config field {name}.{k} must be of type {getattr(types[k], '__name__', types[k])}, "
+                              f"got {v!r}")
+    return cls(**d)
 
 
 PRESETS: dict[str, dict] = {

@@ -114,7 +114,7 @@ def build_model_and_optimizer(cfg: Config, device):
 def train_step(model, opt, x: torch.Tensor, step: int, cfg: Config, device, loss_hook=None,
                context: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None) -> float:
     """One optimiser step on token batch x (with a context and a token loss mask for inpainting);
-    returns the loss in bits/dim (TrainingError if not finite)."""
+    returns the loss in bits/dim (TrainingError if the loss or the gradient norm is not finite)."""
     for g in opt.param_groups:
         g["lr"] = lr_at(step, cfg)
     with autocast(device):
@@ -129,7 +129,9 @@ def train_step(model, opt, x: torch.Tensor, step: int, cfg: Config, device, loss
         raise TrainingError(f"loss became {value} at step {step}")
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+    norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip))
+    if not math.isfinite(norm):  # checked before the update, which would spread it to every weight
+        raise TrainingError(f"the gradient norm became {norm} at step {step}")
     opt.step()
     return value / LN2
 
@@ -193,7 +195,9 @@ class Run:
     opt: torch.optim.Optimizer
     splits: dict
     step: int = 0
-    last_good: str | None = None
+    last_good: str | None = None   # the newest checkpoint of this run known to be good
+    prev_good: str | None = None   # the one before it (a checkpoint is good once the step after it trained)
+    complete: bool = False         # --resume of a run that already finished at --steps
     metrics: dict = field(default_factory=dict)
     progress: bool = True  # progress bars (train.py --no-progress turns all of them off)
 
@@ -242,6 +246,12 @@ def setup(cfg: Config, out: str, resume: bool, overwrite: bool, device: str | No
         opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
         run.step, run.last_good = state["step"], found
+        if cfg.train.steps < run.step:
+            raise ConfigError(f"--resume: {out} is already at step {run.step}, past --steps {cfg.train.steps}; "
+                              f"pass --steps above {run.step} to train further")
+        if cfg.train.steps == run.step and (done := _final_metrics(out, run.step)):
+            run.metrics, run.complete = done, True  # nothing to train or to record again
+            return run
         if run.main:
             print(f"resumed {out} at step {run.step} from {found}")
     if run.main:
@@ -271,8 +281,22 @@ def periodic(run: Run, logger: Logger, rate: dict) -> None:
         save(run)
 
 
+def _final_metrics(out: str, step: int) -> dict | None:
+    """The metrics of run `out` when it finished at `step` (its metrics.json, written by `finish`, says so)."""
+    try:
+        with open(os.path.join(out, "metrics.json")) as f:
+            metrics = json.load(f)
+        return metrics if metrics.get("steps") == step else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def save(run: Run) -> None:
+    """A checkpoint of the current step; TrainingError instead when a weight is not finite."""
+    if not torch.stack([p.detach().isfinite().all() for p in run.model.parameters()]).all():
+        raise TrainingError(f"the weights became non-finite at step {run.step}")
     if run.main:
+        run.prev_good = run.last_good
         run.last_good = ck.save_checkpoint(run.out, run.step, run.model, run.cfg, {
             "optimizer": run.opt.state_dict(), "rng": torch.get_rng_state(), "step": run.step})
     if run.world > 1:
@@ -299,6 +323,12 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
     run = setup(cfg, out, resume, overwrite, device, data)
     run.progress = progress
     t = cfg.train
+    if run.complete:
+        if run.main:
+            print(f"{out} is already complete at step {run.step}; pass --steps above {run.step} to train further")
+        if run.world > 1:
+            dist.destroy_process_group()
+        return run.metrics
     net = torch.nn.parallel.DistributedDataParallel(run.model) if run.world > 1 else run.model
     logger = Logger(out, run.main, run.step)
     bar = tqdm(total=t.steps, initial=run.step, desc="train", unit="step", dynamic_ncols=True,
@@ -314,22 +344,34 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
             try:
                 rate["bpd"] = train_step(net, run.opt, x, run.step, cfg, run.device, (hooks or {}).get("loss"),
                                          context, loss_mask)
+                run.step += 1
+                bar.update(1)
+                bar.set_postfix(bpd=f"{rate['bpd']:.3f}", tok_s=f"{rate.get('tokens_per_s', 0):.0f}")
+                periodic(run, logger, rate)
+                if _stop_requested(run, stop) and run.step < t.steps:
+                    bar.close()
+                    if run.step % t.ckpt_every:  # not saved by periodic() already
+                        save(run)
+                    raise Interrupted(f"interrupted at step {run.step}, saved; continue with --resume")
             except TrainingError as e:
                 bar.close()
-                where = f"the last good checkpoint is {run.last_good}" if run.last_good else "no checkpoint was saved yet"
-                raise TrainingError(f"{e}; training stopped and {where}. Lower --lr (now {t.lr}) or "
-                                    f"--train.grad_clip, then --resume") from None
-            run.step += 1
-            bar.update(1)
-            bar.set_postfix(bpd=f"{rate['bpd']:.3f}", tok_s=f"{rate.get('tokens_per_s', 0):.0f}")
-            periodic(run, logger, rate)
-            if _stop_requested(run, stop) and run.step < t.steps:
-                bar.close()
-                if run.step % t.ckpt_every:  # not saved by periodic() already
-                    save(run)
-                raise Interrupted(f"interrupted at step {run.step}, saved; continue with --resume")
+                raise TrainingError(f"{e}; {_stopped(run)}") from None
     bar.close()
     return finish(run, logger, time.time() - t_start)
+
+
+def _stopped(run: Run) -> str:
+    """The end of the message of a non-finite stop at run.step: which checkpoint --resume continues.
+    A checkpoint of this very step holds the weights that gave the non-finite values: it is set aside."""
+    t, removed = run.cfg.train, ""
+    if run.main and run.last_good and os.path.basename(run.last_good) == f"step_{run.step:07d}":
+        aside = ck.set_aside(run.last_good, run.prev_good)
+        removed = f" (the weights that gave it are set aside as {os.path.basename(aside)})"
+        run.last_good, run.prev_good = run.prev_good, None
+    fix = f"Lower --lr (now {t.lr:g}) or --train.grad_clip (now {t.grad_clip:g})"
+    if run.last_good:
+        return f"training stopped and the last good checkpoint is {run.last_good}{removed}. {fix}, then --resume"
+    return f"training stopped before a good checkpoint was saved{removed}. {fix} and start again (--overwrite)"
 
 
 def next_batch(run: Run):
@@ -357,6 +399,8 @@ def finish(run: Run, logger: Logger, train_s: float) -> dict:
     if run.main:
         test = evaluate(run, "test")
         uni = unigram_bpd(run.splits["train"], cfg.model.vocab)
+        if "val_bpd" not in run.metrics:  # a --resume that only finishes the run (--steps at its step)
+            run.metrics["val_bpd"] = evaluate(run, "val", cfg.train.eval_images)
         run.metrics.update(test_bpd=test, unigram_bpd=uni, steps=run.step)
         logger.log(run.step, test_bpd=test)
         grid = final_grid(run, train_s)

@@ -161,3 +161,30 @@ def test_save_removes_steps_left_by_an_overwritten_run(tmp_path):
     save(tmp_path, 2, 1)  # a new run in the same folder (--overwrite) starts again at a lower step
     names = sorted(os.listdir(tmp_path / "checkpoints"))
     assert names == ["LATEST", "step_0000002"]
+
+
+@pytest.mark.parametrize("config", [{"model": {"dim": "abc"}}, [1, 2], {"model": {"dim": 0}}, "x"])
+def test_malformed_config_is_checkpoint_error_naming_the_file(tmp_path, config):
+    save(tmp_path, 1, 0)
+    d = step_dir(tmp_path, 1)
+    os.remove(os.path.join(d, ck.MANIFEST))  # an old-style checkpoint: its config is not covered by a sha256
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f)
+    path = os.path.join(d, "config.json")
+    with pytest.raises(CheckpointError, match=f"cannot read the config of checkpoint {path}: "):
+        ck.load_model(str(tmp_path))
+    with pytest.raises(CheckpointError, match="config.json: "):
+        ck.read_config(d)
+
+
+def test_set_aside_points_latest_at_the_previous_checkpoint(tmp_path):
+    w1 = save(tmp_path, 1, 0)
+    save(tmp_path, 2, 1)
+    assert ck.set_aside(step_dir(tmp_path, 2), step_dir(tmp_path, 1)).endswith("step_0000002.diverged")
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["LATEST", "step_0000001", "step_0000002.diverged"]
+    assert same(ck.load_model(str(tmp_path)).state_dict(), w1)
+    save(tmp_path, 2, 2)  # the run goes on past it; a later failure at the same step replaces the old one
+    ck.set_aside(step_dir(tmp_path, 2), step_dir(tmp_path, 1))
+    ck.set_aside(step_dir(tmp_path, 1), None)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_0000001.diverged", "step_0000002.diverged"]
+    assert ck.find_checkpoint(str(tmp_path)) is None
