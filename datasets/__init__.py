@@ -7,12 +7,21 @@ train.py (`--data KIND:PATH`), sample.py and the evaluation CLI. Each adapter mo
 from __future__ import annotations
 
 import importlib
+import os
 import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from imggen.errors import DataError
+
+# ends the message of a DataError that skip_bad would skip (read_each drops it once skipping is on)
+SKIP_HINT = " (or pass --skip-bad; skip_bad=True in Python)"
+
+
+class DataWarning(UserWarning):
+    """Unreadable data items that were skipped; the command lines print it as one plain line."""
+
 
 # kind -> (module, needs_path)
 ADAPTERS = {
@@ -52,6 +61,8 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     needs_path = ADAPTERS[kind][1]
     if needs_path and not path:
         raise DataError(f"--data {kind} needs a path: --data {kind}:PATH")
+    if kind == "molecules" and path and os.path.isdir(path):
+        raise DataError(f"--data {spec}: {path} is a directory; expected a .csv, .smi or .sdf file of molecules")
     return kind, (path or None)
 
 
@@ -77,9 +88,9 @@ def read_each(items, read, *, kind: str, what: str, skip_bad: bool, progress: st
         except DataError as e:
             if not skip_bad:
                 raise
-            skipped.append(str(e))
+            skipped.append(str(e).removesuffix(SKIP_HINT))
     if skipped:
-        warnings.warn(f"{kind}: skipped {len(skipped)} {what}; first: {skipped[0]}", stacklevel=3)
+        warnings.warn(f"{kind}: skipped {len(skipped)} {what}; first: {skipped[0]}", DataWarning, stacklevel=3)
     return done, skipped
 
 

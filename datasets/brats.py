@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from imggen.datasets import ImageSplits, read_each, split_indices
+from imggen.datasets import SKIP_HINT, ImageSplits, read_each, split_indices
 from imggen.errors import ConfigError, DataError
 
 MODALITIES = {"t1": "t1", "t1n": "t1", "t1ce": "t1ce", "t1c": "t1ce", "t1gd": "t1ce",
@@ -117,7 +117,7 @@ def read_volume(file: Path) -> np.ndarray:
         data = np.asarray(img.dataobj, dtype=np.float32)
     except Exception as e:
         raise DataError(f"{file}: not a readable NIfTI volume ({type(e).__name__}: {e}); re-download the "
-                        f"case or remove it (or pass skip_bad=True)") from None
+                        f"case or remove it{SKIP_HINT}") from None
     if data.ndim == 4 and data.shape[-1] == 1:
         data = data[..., 0]
     if data.ndim != 3:
@@ -177,7 +177,7 @@ def _load_case(case: Path, mods: list[str], height: int, width: int, channels: i
     files = _case_files(case)
     if not files:
         raise DataError(f"{case}: case folder has no BraTS NIfTI files (*_t1.nii.gz, *-t1n.nii.gz, ...); "
-                        f"remove the folder or pass skip_bad=True")
+                        f"remove the folder{SKIP_HINT}")
     roles = list(mods)
     voided = False
     if mods == ["t1"] and "t1" not in files and "voided" in files:
@@ -186,7 +186,7 @@ def _load_case(case: Path, mods: list[str], height: int, width: int, channels: i
     if missing:
         raise DataError(f"{case}: no {'/'.join(missing)} file (looked for *_{missing[0]}.nii[.gz] and the "
                         f"2023 names); found {sorted(f.name for f in files.values())}. Choose another "
-                        f"modality=... or pass skip_bad=True")
+                        f"modality=...{SKIP_HINT}")
     vols = [read_volume(files[r]) for r in roles]
     mask = None
     if inpainting:

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from imggen.datasets import ImageSplits, read_each, split_indices
+from imggen.datasets import SKIP_HINT, ImageSplits, read_each, split_indices
 from imggen.errors import ConfigError, DataError
+from imggen.images import to_8bit
 
 EXTENSIONS = {".png", ".jpg", ".jpeg"}
 
@@ -23,13 +24,10 @@ def _load_image(file: Path, height: int, width: int, channels: int) -> np.ndarra
     try:
         with Image.open(file) as im:
             im.load()
-            if im.mode.startswith("I;16") or im.mode == "I":  # 16-bit grayscale PNG
-                a = np.asarray(im, dtype=np.float64)
-                im = Image.fromarray(np.clip(np.round(a / 257.0), 0, 255).astype(np.uint8))
-            im = im.convert("L" if channels == 1 else "RGB")
+            im = to_8bit(im).convert("L" if channels == 1 else "RGB")
     except Exception as e:
         raise DataError(f"{file}: cannot decode image ({type(e).__name__}: {e}); "
-                        f"remove or replace the file, or pass skip_bad=True") from None
+                        f"remove or replace the file{SKIP_HINT}") from None
     w, h = im.size
     target = width / height
     cw, ch = (w, round(w / target)) if w / h < target else (round(h * target), h)

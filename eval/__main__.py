@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from imggen.cli import Parser, add_fill_flags, add_threads_flag, fill_args, int_at_least, positive_int
+from imggen.cli import Parser, add_fill_flags, add_threads_flag, device_arg, fill_args, int_at_least, positive_int
 from imggen.errors import ConfigError, ImggenError
 
 PROG = "python -m imggen.eval"
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         if split:
             p.add_argument("--split", default="test", choices=["train", "val", "test"],
                            help="data split to evaluate (default test)")
-        p.add_argument("--device", default=dev, help=f"torch device (default {dev})")
+        p.add_argument("--device", type=device_arg, default=dev, help=f"torch device (default {dev})")
         p.add_argument("--batch-size", type=positive_int, default=16, help="images per forward / sampling batch (default 16)")
         add_threads_flag(p)
 
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pt_inception-2015-12-05-6726825d.pth (default: $IMGGEN_FID_WEIGHTS)")
     p.add_argument("--random-init", action="store_true",
                    help="testing only: random Inception weights (the number is not an FID)")
-    p.add_argument("--device", default=dev, help=f"torch device (default {dev})")
+    p.add_argument("--device", type=device_arg, default=dev, help=f"torch device (default {dev})")
     p.add_argument("--batch-size", type=positive_int, default=50, help="images per Inception / sampling batch (default 50)")
     p.add_argument("--json", metavar="OUT", help="also write the result to this JSON file")
 
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num", type=positive_int, default=16, help="images to sample / SMILES to calibrate on (default 16)")
     p.add_argument("--num-ref", type=positive_int, help="reference test SMILES for the ceiling (default --num)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--device", default=dev, help=f"torch device (default {dev})")
+    p.add_argument("--device", type=device_arg, default=dev, help=f"torch device (default {dev})")
     p.add_argument("--batch-size", type=positive_int, default=16, help="sampling batch size (default 16)")
     p.add_argument("--json", metavar="OUT", help="also write the result to this JSON file")
 

@@ -72,12 +72,21 @@ def make_report(path: str, out: str | None = None, num: int = 16, seed: int = 0,
 
     run = load_run(path, device)
     cfg, m = run.cfg, run.cfg.model
+    # data: data named with `spec` (--data) must load; the run's own data may be missing (bits/dim is then
+    # skipped with a note and the rest of the report is still written)
+    data, data_note = None, None
+    try:
+        data = load_data(cfg, spec)
+    except DataError as e:
+        if spec is not None:
+            raise
+        data_note = f"evaluation data unavailable: {e}"
     base = run.run_dir or os.path.dirname(os.path.dirname(os.path.abspath(run.ckpt)))
     out = out or os.path.join(base, "report")
     os.makedirs(out, exist_ok=True)
     spec = spec or cfg.data.spec
     rep: dict = {"checkpoint": run.ckpt, "run_dir": run.run_dir, "step": run.step, "data": spec,
-                 "created": time.strftime("%Y-%m-%d %H:%M:%S"), "files": {}, "notes": []}
+                 "created": time.strftime("%Y-%m-%d %H:%M:%S"), "files": {}, "notes": [data_note] if data_note else []}
     n_params = sum(p.numel() for p in run.model.parameters())
     rep["config"] = {"preset": cfg.preset, "data": cfg.data.spec, "shape": list(m.shape), "bits": m.bits,
                      "dim": m.dim, "layers": m.layers, "heads": m.heads, "attention": m.attention,
@@ -94,13 +103,6 @@ def make_report(path: str, out: str | None = None, num: int = 16, seed: int = 0,
     rep["training"] = {"tokens_per_s_median": float(np.median(tps)) if tps else None,
                        "last_train_bpd": next((r["train_bpd"] for r in reversed(log) if "train_bpd" in r), None),
                        "last_val_bpd": next((r["val_bpd"] for r in reversed(log) if "val_bpd" in r), None)}
-
-    # data (the report still works when the data cannot be loaded: bits/dim is then skipped)
-    data = None
-    try:
-        data = load_data(cfg, spec)
-    except DataError as e:
-        rep["notes"].append(f"evaluation data unavailable: {e}")
 
     # bits/dim
     rep["bpd"] = None

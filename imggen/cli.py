@@ -4,9 +4,11 @@ into one clear line with exit code 2."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -40,6 +42,38 @@ def int_at_least(lo: int, what: str):
 
 
 positive_int = int_at_least(1, "a positive integer")
+
+
+def device_arg(s: str) -> str:
+    """argparse type: a torch device this machine has (cpu, cuda, cuda:1, ...), checked before any work."""
+    try:
+        d = torch.device(s)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{s!r} is not a torch device; use e.g. cpu, cuda or cuda:0") from None
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{s}: CUDA is not available on this machine; use --device cpu")
+    if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"{s}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+                                         f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    return s
+
+
+@contextlib.contextmanager
+def plain_data_warnings():
+    """Print data warnings (skipped items, imggen.datasets.DataWarning) as one plain line on stderr,
+    without the source line of a Python warning; other warnings show as usual."""
+    from imggen.datasets import DataWarning
+
+    with warnings.catch_warnings():
+        show = warnings.showwarning
+
+        def plain(message, category, *args, **kwargs):
+            if issubclass(category, DataWarning):
+                print(message, file=sys.stderr, flush=True)
+            else:
+                show(message, category, *args, **kwargs)
+        warnings.showwarning = plain
+        yield
 
 
 def add_fill_flags(ap: argparse.ArgumentParser) -> None:
@@ -84,7 +118,7 @@ def train_parser() -> argparse.ArgumentParser:
                     help="continue the run in --out exactly, from its own config (flags given now, e.g. --steps, "
                          "override it; model and data settings must not change)")
     ap.add_argument("--overwrite", action="store_true", help="start again even if --out holds a checkpoint")
-    ap.add_argument("--device", help="torch device (default cuda when available)")
+    ap.add_argument("--device", type=device_arg, help="torch device (default cuda when available)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_threads_flag(ap)
     return ap
@@ -149,8 +183,9 @@ def train_main(argv=None) -> int:
     try:
         forced_backend()  # a bad IMGGEN_BACKEND or IMGGEN_SAVE_MB fails before the data loads
         save_limit()
-        train(cfg, out, resume=args.resume, overwrite=args.overwrite, device=args.device,
-              progress=not args.no_progress, governor=governor)
+        with plain_data_warnings():
+            train(cfg, out, resume=args.resume, overwrite=args.overwrite, device=args.device,
+                  progress=not args.no_progress, governor=governor)
     except Interrupted as e:
         print(str(e), file=sys.stderr)
         return 130
@@ -170,12 +205,14 @@ def sample_parser() -> argparse.ArgumentParser:
                     help="sequences sampled in parallel, --rank candidates included (default 16)")
     ap.add_argument("--out", default="samples.png",
                     help="output PNG (default samples.png): a grid, or the filled image for --inpaint / --prefix")
-    ap.add_argument("--seed", type=int, default=None, help="random seed: same seed, same images")
-    ap.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (default 1.0)")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="random seed: same seed, same images (image i depends on the seed and i only)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (default 1.0; 0 = greedy)")
     ap.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely values")
     ap.add_argument("--cache", choices=["auto", "full", "evict"], default="auto",
                     help="decode cache: evict (memory-bounded, default when available) or full")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
+    ap.add_argument("--device", type=device_arg, default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="torch device")
     ap.add_argument("--scale", type=int, default=None,
                     help="upscale factor of the saved images (default: about 128 px per image)")
     ap.add_argument("--rank", type=int, default=1, metavar="N",
@@ -210,6 +247,25 @@ def _check_sample_args(args) -> None:
         raise ConfigError(f"--top-k must be >= 1, got {args.top_k}")
     if args.scale is not None and args.scale < 1:
         raise ConfigError("--scale must be >= 1")
+    if args.reduce and args.samples == 1:
+        raise ConfigError(f"--reduce {args.reduce} combines --samples K > 1 fills; add --samples K")
+    _check_out_path("--out", args.out)
+    if args.triplet:
+        _check_out_path("--triplet", args.triplet)
+
+
+def _check_out_path(flag: str, path: str) -> None:
+    """An output PNG name whose folder exists or can be created: checked before any sampling."""
+    if os.path.isdir(path):
+        raise ConfigError(f"{flag} {path} is a directory; give a PNG file name such as "
+                          f"{os.path.join(path, 'samples.png')}")
+    if os.path.splitext(path)[1].lower() != ".png":
+        raise ConfigError(f"{flag} {path}: images are written as PNG; give a file name ending in .png")
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder):  # missing folders are created when the image is saved
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{flag} {path}: {folder} is a file, not a folder")
 
 
 def _load_input(path: str, channels: int) -> torch.Tensor:
@@ -221,7 +277,7 @@ def _load_input(path: str, channels: int) -> torch.Tensor:
 
     rgb = load_image(path, 3)  # DataError when missing or unreadable
     with Image.open(path) as im:
-        gray_file = im.mode in ("1", "L", "LA", "I", "I;16", "F")
+        gray_file = im.mode in ("1", "L", "LA", "I", "F") or im.mode.startswith("I;16")
     if channels == 1 and not ((rgb[0] == rgb[1]).all() and (rgb[1] == rgb[2]).all()):
         raise ShapeError(f"image {path} is a colour image but the checkpoint models grayscale (1 channel) images")
     if channels == 3 and gray_file:
@@ -249,6 +305,9 @@ def sample_main(argv=None) -> int:
         num = args.num or (1 if conditional else 16)
         model = load_model(args.checkpoint, device=args.device)
         cfg = model.config
+        if model.context is not None and not conditional:
+            raise ConfigError("this model was trained for inpainting with a context: pass --inpaint IMAGE --mask MASK "
+                              "(or --prefix IMAGE --prefix-rows R)")
         kw = dict(rank=args.rank, batch_size=args.batch_size, temperature=args.temperature, top_k=args.top_k,
                   seed=args.seed, cache=args.cache, progress=True)
         t0 = time.time()

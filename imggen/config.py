@@ -20,7 +20,8 @@ def _at_least(section: str, obj, lo, open_: bool = False, **names) -> None:
     for name in names:
         v = getattr(obj, name)
         if v is not None and not (math.isfinite(v) and (v > lo if open_ else v >= lo)):
-            raise ConfigError(f"{section}.{name} must be a finite number {'>' if open_ else '>='} {lo}, got {v}")
+            finite = "" if math.isfinite(v) else "a finite number "
+            raise ConfigError(f"{section}.{name} must be {finite}{'>' if open_ else '>='} {lo}, got {v}")
 
 
 @dataclass

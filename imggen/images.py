@@ -30,28 +30,44 @@ def image_scale(width: int) -> int:
 
 
 def save_image(array_hwc: np.ndarray, path: str, scale: int = 1) -> None:
-    """Save uint8 (H, W, C) as PNG (atomically: temp file + rename)."""
+    """Save uint8 (H, W, C) as PNG (atomically: temp file + rename; no temp file is left on failure)."""
     a = array_hwc[..., 0] if array_hwc.shape[-1] == 1 else array_hwc
     img = Image.fromarray(np.ascontiguousarray(a))
     if scale > 1:
         img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
-    img.save(tmp, format="PNG")
-    os.replace(tmp, path)
+    try:
+        img.save(tmp, format="PNG")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.isfile(tmp):
+            os.remove(tmp)
+        raise
 
 
 def save_grid(images, path: str, nrow: int | None = None, scale: int = 1) -> None:
     save_image(make_grid(np.asarray(images), nrow), path, scale)
 
 
+def to_8bit(img: Image.Image) -> Image.Image:
+    """16-bit grayscale (mode I;16*, or I holding values above 255) -> 8-bit 'L', scaled by 1/257 so
+    that 65535 -> 255 (Pillow's convert would clip every value above 255); other images unchanged."""
+    if not (img.mode.startswith("I;16") or img.mode == "I"):
+        return img
+    a = np.asarray(img, dtype=np.float64)
+    if img.mode != "I" or a.max(initial=0) > 255:
+        a = a / 257.0
+    return Image.fromarray(np.clip(np.round(a), 0, 255).astype(np.uint8))
+
+
 def load_image(path: str, channels: int) -> np.ndarray:
-    """PNG/JPEG -> uint8 (C, H, W) with C = channels (grayscale or RGB conversion)."""
+    """PNG/JPEG -> uint8 (C, H, W) with C = channels (grayscale or RGB conversion; 16-bit scaled)."""
     if not os.path.exists(path):
         raise DataError(f"image file {path} does not exist")
     try:
         with Image.open(path) as img:
-            img = img.convert("L" if channels == 1 else "RGB")
+            img = to_8bit(img).convert("L" if channels == 1 else "RGB")
             a = np.asarray(img, dtype=np.uint8)
     except (UnidentifiedImageError, OSError) as e:
         raise DataError(f"cannot read image {path}: {e}") from None

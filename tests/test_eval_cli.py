@@ -202,6 +202,20 @@ def test_report_without_data_or_logs_still_writes(tmp_path, capsys):
     assert "## Notes" in (tmp_path / "rep" / "report.md").read_text()
 
 
+@pytest.mark.parametrize("spec", ["folder:/nonexistent", "cifar:/nonexistent"])
+def test_report_with_named_data_that_cannot_load_is_an_error(tmp_path, capsys, spec):
+    """--data names the evaluation data: when it cannot be loaded that is an error, not a note."""
+    from imggen.checkpoint import save_checkpoint
+
+    cfg = Config(model=ModelConfig(height=4, width=4, channels=1, bits=4, dim=16, layers=1, heads=2,
+                                   attention="full"))
+    ckpt = save_checkpoint(str(tmp_path / "bare"), 1, ImageTransformer(cfg.model), cfg)
+    rc, stdout, err = _main(capsys, "report", "--checkpoint", ckpt, "--data", spec, "--out", tmp_path / "rep")
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "error:" in lines[0] and spec in lines[0], err
+    assert not (tmp_path / "rep").exists()
+
+
 def test_report_says_in_one_line_when_drawings_are_too_small_for_osra():
     from imggen.eval.atoms import readable_note
     from imggen.eval.report import report_markdown
