@@ -70,6 +70,9 @@ def make_report(path: str, out: str | None = None, num: int = 16, seed: int = 0,
     """Evaluate a run directory and write report.json, report.md and PNGs under `out`."""
     from imggen.images import save_grid
 
+    if fid_weights:
+        from imggen.eval.fid import _resolve_weights
+        _resolve_weights(fid_weights)  # fail before loading and sampling when the weights are missing
     run = load_run(path, device)
     cfg, m = run.cfg, run.cfg.model
     # data: data named with `spec` (--data) must load; the run's own data may be missing (bits/dim is then

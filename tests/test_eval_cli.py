@@ -148,6 +148,7 @@ def test_fid_from_npz_and_folder_random_init(tmp_path, capsys):
     (["report", "--checkpoint", "MISSING"], "does not exist"),
     (["fid", "--images-a", "x.npz"], "--images-b"),
     (["fid", "--checkpoint", "MISSING", "--weights", "MISSING.pth"], "not found"),
+    (["report", "--checkpoint", "MISSING", "--fid-weights", "MISSING.pth"], "not found"),
     (["inpaint", "--checkpoint", "RUN", "--data", "cifar"], "cifar:PATH"),
     (["atoms", "--checkpoint", "RUN"], "SMILES"),
 ])
