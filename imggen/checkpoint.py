@@ -91,19 +91,21 @@ def save_checkpoint(run_dir: str, step: int, model, cfg: Config, state: dict | N
     return final
 
 
-def set_aside(ckpt_dir: str, latest: str | None) -> str:
+def set_aside(ckpt_dir: str) -> tuple[str, str | None]:
     """Rename checkpoint `ckpt_dir` (found unusable after it was written) to `<name>.diverged`, which
-    no search picks, and return the new path; LATEST then names checkpoint `latest`, or is removed
-    when there is none."""
-    pointer = os.path.join(os.path.dirname(ckpt_dir), "LATEST")
+    no search picks, and point LATEST at the newest intact checkpoint left (or remove it when none is).
+    Returns (the new path, that checkpoint or None)."""
+    ckpts = os.path.dirname(ckpt_dir)
+    aside = ckpt_dir + ".diverged"
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(ckpt_dir, aside)
+    latest, _ = _search(os.path.dirname(ckpts))
+    pointer = os.path.join(ckpts, "LATEST")
     if latest:
         _atomic_write_text(pointer, os.path.basename(latest))
     elif os.path.exists(pointer):
         os.remove(pointer)
-    aside = ckpt_dir + ".diverged"
-    shutil.rmtree(aside, ignore_errors=True)
-    os.replace(ckpt_dir, aside)
-    return aside
+    return aside, latest
 
 
 def _step(name: str) -> int:

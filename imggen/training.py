@@ -195,8 +195,7 @@ class Run:
     opt: torch.optim.Optimizer
     splits: dict
     step: int = 0
-    last_good: str | None = None   # the newest checkpoint of this run known to be good
-    prev_good: str | None = None   # the one before it (a checkpoint is good once the step after it trained)
+    last_good: str | None = None   # the newest checkpoint (good once the step after it trained)
     complete: bool = False         # --resume of a run that already finished at --steps
     metrics: dict = field(default_factory=dict)
     progress: bool = True  # progress bars (train.py --no-progress turns all of them off)
@@ -296,7 +295,6 @@ def save(run: Run) -> None:
     if not torch.stack([p.detach().isfinite().all() for p in run.model.parameters()]).all():
         raise TrainingError(f"the weights became non-finite at step {run.step}")
     if run.main:
-        run.prev_good = run.last_good
         run.last_good = ck.save_checkpoint(run.out, run.step, run.model, run.cfg, {
             "optimizer": run.opt.state_dict(), "rng": torch.get_rng_state(), "step": run.step})
     if run.world > 1:
@@ -365,9 +363,8 @@ def _stopped(run: Run) -> str:
     A checkpoint of this very step holds the weights that gave the non-finite values: it is set aside."""
     t, removed = run.cfg.train, ""
     if run.main and run.last_good and os.path.basename(run.last_good) == f"step_{run.step:07d}":
-        aside = ck.set_aside(run.last_good, run.prev_good)
+        aside, run.last_good = ck.set_aside(run.last_good)
         removed = f" (the weights that gave it are set aside as {os.path.basename(aside)})"
-        run.last_good, run.prev_good = run.prev_good, None
     fix = f"Lower --lr (now {t.lr:g}) or --train.grad_clip (now {t.grad_clip:g})"
     if run.last_good:
         return f"training stopped and the last good checkpoint is {run.last_good}{removed}. {fix}, then --resume"

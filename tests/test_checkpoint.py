@@ -177,14 +177,15 @@ def test_malformed_config_is_checkpoint_error_naming_the_file(tmp_path, config):
         ck.read_config(d)
 
 
-def test_set_aside_points_latest_at_the_previous_checkpoint(tmp_path):
+def test_set_aside_points_latest_at_the_newest_checkpoint_left(tmp_path):
     w1 = save(tmp_path, 1, 0)
     save(tmp_path, 2, 1)
-    assert ck.set_aside(step_dir(tmp_path, 2), step_dir(tmp_path, 1)).endswith("step_0000002.diverged")
+    aside, latest = ck.set_aside(step_dir(tmp_path, 2))
+    assert aside.endswith("step_0000002.diverged") and latest == step_dir(tmp_path, 1)
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["LATEST", "step_0000001", "step_0000002.diverged"]
     assert same(ck.load_model(str(tmp_path)).state_dict(), w1)
     save(tmp_path, 2, 2)  # the run goes on past it; a later failure at the same step replaces the old one
-    ck.set_aside(step_dir(tmp_path, 2), step_dir(tmp_path, 1))
-    ck.set_aside(step_dir(tmp_path, 1), None)
+    assert ck.set_aside(step_dir(tmp_path, 2))[1] == step_dir(tmp_path, 1)
+    assert ck.set_aside(step_dir(tmp_path, 1))[1] is None
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_0000001.diverged", "step_0000002.diverged"]
     assert ck.find_checkpoint(str(tmp_path)) is None

@@ -69,6 +69,19 @@ def test_checkpoint_of_the_failing_step_is_set_aside(tmp_path):
     train(cfg, out, resume=True, data=data, progress=False)  # the same run continues from step 2
 
 
+def test_a_resume_that_fails_at_once_falls_back_to_the_checkpoint_before(tmp_path):
+    data, out = splits(run_cfg()), str(tmp_path / "run")
+    train(run_cfg(steps=3, ckpt_every=1), out, data=data, progress=False)  # keeps step_2 and step_3
+
+    def poison(step, loss):
+        return loss * float("nan") if step == 3 else loss
+
+    with pytest.raises(TrainingError, match=r"at step 3; .*last good checkpoint is \S+step_0000002 \(the weights "
+                                            r"that gave it are set aside as step_0000003\.diverged\)") as err:
+        train(run_cfg(steps=6, ckpt_every=1), out, resume=True, data=data, progress=False, hooks={"loss": poison})
+    assert resolve(out) == named_checkpoint(err)
+
+
 def test_nonfinite_weights_are_never_saved(tmp_path, monkeypatch):
     cfg = run_cfg(steps=10, ckpt_every=1)
     data, out, real_step, calls = splits(cfg), str(tmp_path / "run"), torch.optim.AdamW.step, []
