@@ -61,6 +61,9 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     needs_path = ADAPTERS[kind][1]
     if needs_path and not path:
         raise DataError(f"--data {kind} needs a path: --data {kind}:PATH")
+    if kind == "brats-demo" and path:
+        raise DataError(f"--data {spec}: brats-demo takes no path (its slices ship with imggen); for BraTS "
+                        f"cases of your own use --data brats:PATH")
     if kind == "molecules" and path and os.path.isdir(path):
         raise DataError(f"--data {spec}: {path} is a directory; expected a .csv, .smi or .sdf file of molecules")
     return kind, (path or None)

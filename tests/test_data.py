@@ -42,3 +42,9 @@ def test_skipped_summary_is_one_plain_line_without_the_hint(tmp_path, capfd):
 def test_molecules_path_that_is_a_directory(tmp_path):
     with pytest.raises(DataError, match="is a directory; expected a .csv, .smi or .sdf file"):
         parse_spec(f"molecules:{tmp_path}")
+
+
+def test_brats_demo_takes_no_path():
+    assert parse_spec("brats-demo") == ("brats-demo", None)
+    with pytest.raises(DataError, match="brats-demo takes no path.*--data brats:PATH"):
+        parse_spec("brats-demo:/x")
