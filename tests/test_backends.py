@@ -203,3 +203,17 @@ def test_clis_honour_imggen_backend(tmp_path):
         r = _cli(args, "bogus")
         assert r.returncode == 2 and "IMGGEN_BACKEND='bogus'" in r.stderr, r.stderr
         assert _cli(args, "reference").returncode == 0
+
+
+@pytest.mark.parametrize("name, kw", [
+    ("band", dict(window=4)), ("local2d", dict(height=4, width=4, radius=1)),
+    ("bigbird", dict(block=4, window_blocks=2, global_blocks=1, random_blocks=1)),
+    ("diffuser", dict(window=4, global_tokens=2, random_edges=2, steps=3, alpha=0.2))])
+def test_cpu_backend_keeps_float64_precision(name, kw):
+    """float64 in, float64 math: gradcheck passes (softmax is not narrowed to float32)."""
+    p = imggen.make_pattern(name, **kw)
+    q, k, v = (torch.randn(1, 2, 16, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = imggen.sparse_attention(q, k, v, p, backend="cpu")
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, imggen.sparse_attention(q, k, v, p, backend="reference"), rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda a, b, c: imggen.sparse_attention(a, b, c, p, backend="cpu"), (q, k, v))
