@@ -22,6 +22,14 @@ PROG = "python -m imggen.eval"
 _nonneg_int = int_at_least(0, "an integer >= 0")
 
 
+def _resamples(s: str) -> int:
+    """--bootstrap: 0 (no CI) or at least 2 resamples."""
+    n = _nonneg_int(s)
+    if n == 1:
+        raise argparse.ArgumentTypeError("1 resample gives no interval; use 0 (no CI) or >= 2 (e.g. 1000)")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = Parser(prog=PROG, description="Evaluate imggen models: bits/dim, inpainting, FID, atom-bond "
                                         "accuracy, and a full report of a run directory.")
@@ -45,10 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bpd", help="exact test bits/dim with a bootstrap confidence interval",
                        description="Exact bits/dim of a checkpoint on a data split, with a percentile "
-                                   "bootstrap 95%% CI over images and a label saying what it is comparable with.")
+                                   "bootstrap 95% CI over images and a label saying what it is comparable with.")
     common(p)
     p.add_argument("--limit", type=positive_int, help="evaluate only the first N images of the split")
-    p.add_argument("--bootstrap", type=_nonneg_int, default=1000, help="bootstrap resamples for the CI (0: none; default 1000)")
+    p.add_argument("--bootstrap", type=_resamples, default=1000, help="bootstrap resamples for the CI (0: none; default 1000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap resampling (default 0)")
     p.add_argument("--json", metavar="OUT", help="also write the full result (per-image values included) to this JSON file")
 
@@ -103,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--num", type=positive_int, default=16, help="images to sample for the grid, speed and atoms (default 16)")
     p.add_argument("--limit", type=positive_int, help="bits/dim on the first N images of the split only")
-    p.add_argument("--bootstrap", type=_nonneg_int, default=1000, help="bootstrap resamples for the bits/dim CI (default 1000)")
+    p.add_argument("--bootstrap", type=_resamples, default=1000, help="bootstrap resamples for the bits/dim CI (0: none; default 1000)")
     p.add_argument("--inpaint-num", type=_nonneg_int, default=4, help="images to inpaint when the data has masks (0: skip; default 4)")
     p.add_argument("--atoms", choices=["auto", "off"], default="auto",
                    help="atom-bond accuracy for molecule runs: auto (when osra is on PATH) or off")

@@ -93,8 +93,8 @@ def token_bits_per_dim(model, tokens: torch.Tensor, batch_size: int = 16, masks=
 def bootstrap_ci(values, resamples: int = 1000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap CI of the mean of `values` (resampling items with replacement)."""
     v = np.asarray(values, dtype=np.float64)
-    if len(v) == 0 or resamples < 1:
-        raise ShapeError(f"bootstrap needs >= 1 value and >= 1 resample, got {len(v)} and {resamples}")
+    if len(v) < 2 or resamples < 2:
+        raise ShapeError(f"a bootstrap CI needs >= 2 values and >= 2 resamples, got {len(v)} and {resamples}")
     rng = np.random.default_rng(seed)
     means = np.empty(resamples)
     chunk = max(1, 2_000_000 // len(v))  # bound memory of the index matrix
@@ -111,7 +111,8 @@ def bits_per_dim(model, images, batch_size: int = 16, return_per_image: bool = F
     """Mean bits/dim of uint8 images (B, C, H, W) under `model`.
 
     Returns a float, or with `return_per_image` / `bootstrap` > 0 a dict: bpd, per_image (list),
-    ci95 ((lo, hi) percentile bootstrap over images with `bootstrap` resamples, else None), bits,
+    ci95 ((lo, hi) percentile bootstrap over images with `bootstrap` (>= 2) resamples; None without
+    resamples or with a single image), bits,
     n_images and label (what the number may be compared with; `dataset` = the data spec, if known).
     Every image has the same number of subpixels, so the mean over images is the mean over subpixels.
     """
@@ -121,6 +122,6 @@ def bits_per_dim(model, images, batch_size: int = 16, return_per_image: bool = F
         return bpd
     bits = int(model.config.bits)
     return {"bpd": bpd, "per_image": per.tolist(),
-            "ci95": list(bootstrap_ci(per, bootstrap, seed)) if bootstrap else None,
+            "ci95": list(bootstrap_ci(per, bootstrap, seed)) if bootstrap and len(per) > 1 else None,  # none of 1
             "bootstrap": int(bootstrap), "bits": bits, "n_images": int(len(per)),
             "label": bpd_label(bits, dataset)}

@@ -28,6 +28,13 @@ from imggen.tokens import position_coords
 EXTEND_TOKENS = 1024  # batch x positions per pass of ImageTransformer.extend (measured: bench/RESULTS.md 8)
 
 
+def check_range(tokens: torch.Tensor, vocab: int) -> None:
+    """ShapeError unless every token is in 0..vocab-1 (one min and max, not a traceback from the embedding)."""
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ShapeError(f"tokens must be in 0..{vocab - 1} ({vocab.bit_length() - 1}-bit values); got values "
+                         f"{int(tokens.min())}..{int(tokens.max())}")
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, pattern: Pattern):
         super().__init__()
@@ -120,6 +127,7 @@ class ImageTransformer(nn.Module):
         if tokens.dim() != 2 or tokens.shape[1] > cfg.seq_len or tokens.dtype != torch.long:
             raise ShapeError(f"tokens must be long (B, N) with N <= {cfg.seq_len} (= H*W*C for "
                              f"{cfg.shape}); got {tuple(tokens.shape)} {tokens.dtype}")
+        check_range(tokens, cfg.vocab)
 
     def embed_inputs(self, tokens: torch.Tensor) -> torch.Tensor:
         """Input vectors for positions 0..N-1: start, then embeddings of tokens 0..N-2."""

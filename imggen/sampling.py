@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from imggen.decode import make_caches
 from imggen.errors import ConfigError, ImggenError, ShapeError
+from imggen.model import check_range
 from imggen.panels import is_large
 from imggen.threads import decode_tick
 from imggen.tokens import detokenize_tokens
@@ -89,6 +90,8 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
     cfg = model.config
     n = cfg.seq_len
     device = next(model.parameters()).device
+    if batch_size < 1:
+        raise ShapeError(f"batch_size must be >= 1, got {batch_size}")
     if top_k is not None and top_k < 1:
         raise ConfigError(f"top_k must be >= 1 (or None), got {top_k}")
     if not (math.isfinite(temperature) and temperature >= 0):
@@ -100,6 +103,7 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
         if known.shape != (batch_size, n) or known_mask.shape != (batch_size, n):
             raise ShapeError(f"known and known_mask must be ({batch_size}, {n}); got {tuple(known.shape)} "
                              f"and {tuple(known_mask.shape)}")
+        check_range(known[known_mask], cfg.vocab)
     draws = uniforms(batch_size, n, seed, first).to(device)
     caches = make_caches(model, batch_size, cache)
     feats = model.context_features(context, batch_size)

@@ -374,3 +374,19 @@ def test_panels_bench_runs(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     text = out.read_text()
     assert "| 4 |" in text and "| demo dim=32" in text, text
+
+
+def test_out_of_range_tokens_and_empty_batches_are_clear_errors():
+    model = _model(1, **CASES["band"])
+    n = model.config.seq_len
+    for bad in (torch.full((1, 5), 16), torch.full((1, 5), -1)):  # a 4-bit model: 0..15
+        with pytest.raises(ShapeError, match="tokens must be in 0..15"):
+            model(bad)
+    known, mask = torch.zeros(1, n, dtype=torch.long), torch.zeros(1, n, dtype=torch.bool)
+    known[0, 3], mask[0, 3] = 99, True
+    with pytest.raises(ShapeError, match="tokens must be in 0..15"):
+        sample(model, 1, known, mask)
+    known[0, 3], known[0, 4] = 5, 99  # an unknown position may hold anything
+    assert sample(model, 1, known, mask, seed=0)[0, 3] == 5
+    with pytest.raises(ShapeError, match="batch_size must be >= 1"):
+        sample(model, 0)

@@ -109,6 +109,9 @@ def test_bootstrap_ci_contains_mean_and_is_reproducible():
     assert bits_per_dim(model, imgs) == pytest.approx(a["bpd"], abs=1e-9)
     # constant values: a degenerate interval at the value
     assert bootstrap_ci([2.0, 2.0, 2.0], 50) == pytest.approx((2.0, 2.0))
+    for values, resamples in (([2.0], 50), ([1.0, 2.0], 1)):  # no interval from one value or one resample
+        with pytest.raises(ShapeError, match="needs >= 2 values and >= 2 resamples"):
+            bootstrap_ci(values, resamples)
 
 
 def test_label_is_honest_about_bit_depth_and_dataset():

@@ -160,7 +160,8 @@ def test_errors_are_one_line_exit_2(run, capsys, argv, msg):
 
 
 @pytest.mark.parametrize("argv", [[], ["frobnicate"], ["bpd"], ["bpd", "--checkpoint", "x", "--limit", "0"],
-                                  ["bpd", "--checkpoint", "x", "--bogus"], ["report", "--checkpoint", "x", "--num", "a"]])
+                                  ["bpd", "--checkpoint", "x", "--bogus"], ["report", "--checkpoint", "x", "--num", "a"],
+                                  ["bpd", "--checkpoint", "x", "--bootstrap", "1"]])
 def test_bad_flags_exit_2_one_line(capsys, argv):
     with pytest.raises(SystemExit) as e:
         main(argv)
