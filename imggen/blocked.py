@@ -28,6 +28,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from imggen.fused import wide
 from imggen.memory import saves
 from imggen.patterns import Pattern
 
@@ -205,16 +206,11 @@ def make_windows(pattern: Pattern, n: int, heads: int, block: int = DEFAULT_BLOC
     return GatherWindows(pattern, n, heads, block)
 
 
-def _wide(x: torch.Tensor) -> torch.Tensor:
-    """x in the precision softmax runs in: float32 for half / bfloat16 / float32, float64 kept."""
-    return x if x.dtype == torch.float64 else x.float()
-
-
 def _scores(win: Windows, qp, kbuf, chunk):
     """Masked scores (G, Bq, span) of a chunk, float32 (float64 for float64 inputs); q is
     pre-scaled by 1/sqrt(D)."""
     g0, g1 = win.blocks(chunk)
-    s = _wide(torch.bmm(qp[g0:g1], win.windows(kbuf, chunk).transpose(1, 2)))
+    s = wide(torch.bmm(qp[g0:g1], win.windows(kbuf, chunk).transpose(1, 2)))
     return win.mask_(s, chunk)
 
 
@@ -252,7 +248,7 @@ class _Attention(torch.autograd.Function):
             p = probs[i] if probs else torch.softmax(_scores(win, qp, kb, chunk), -1)
             g = dop[g0:g1]
             win.fold(torch.bmm(p.to(g.dtype).transpose(1, 2), g), dv, chunk)
-            dp = _wide(torch.bmm(g, win.windows(vb, chunk).transpose(1, 2)))
+            dp = wide(torch.bmm(g, win.windows(vb, chunk).transpose(1, 2)))
             ds = torch._softmax_backward_data(dp, p, -1, p.dtype).to(g.dtype)  # p * (dp - rowsum(p * dp))
             torch.bmm(ds, win.windows(kb, chunk), out=dq[g0:g1])
             win.fold(torch.bmm(ds.transpose(1, 2), qb), dk, chunk)  # qb carries the 1/sqrt(D)
@@ -321,9 +317,9 @@ class _Diffusion(torch.autograd.Function):
         dk = torch.zeros_like(kb)
         for chunk in chunks:
             g0, g1 = win.blocks(chunk)
-            da = sum(_wide(torch.bmm(win.query_rows(g)[g0:g1], win.windows(z, chunk).transpose(1, 2)))
+            da = sum(wide(torch.bmm(win.query_rows(g)[g0:g1], win.windows(z, chunk).transpose(1, 2)))
                      for g, z in zip(gs, zs))
-            p = _wide(a[g0:g1])
+            p = wide(a[g0:g1])
             ds = da.mul_(1 - alpha).sub_((p * da).sum(-1, keepdim=True)).mul_(p).to(qp.dtype)
             torch.bmm(ds, win.windows(kb, chunk), out=dq[g0:g1])
             win.fold(torch.bmm(ds.transpose(1, 2), qp[g0:g1]), dk, chunk)

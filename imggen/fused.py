@@ -15,20 +15,21 @@ import torch.nn.functional as F
 from imggen.memory import saves
 
 
-def _f(x):
-    """At least float32 (LayerNorm statistics and gradients)."""
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """x in at least float32 (half / bfloat16 / float32 -> float32, float64 kept): the precision of
+    LayerNorm statistics here and of attention softmax in imggen.blocked."""
     return x if x.dtype == torch.float64 else x.float()
 
 
 def _norm(x, ln):
     """LayerNorm of x in at least float32, with its per-row mean and rstd."""
-    return torch.native_layer_norm(_f(x), ln.normalized_shape, _f(ln.weight), _f(ln.bias), ln.eps)
+    return torch.native_layer_norm(wide(x), ln.normalized_shape, wide(ln.weight), wide(ln.bias), ln.eps)
 
 
 def _norm_backward(dy, x, mean, rstd, ln):
     """Gradients of LayerNorm from d(output) dy: (dx, dweight, dbias)."""
-    return torch.ops.aten.native_layer_norm_backward(_f(dy), _f(x), ln.normalized_shape, mean, rstd, _f(ln.weight),
-                                                     _f(ln.bias), [True, True, True])
+    return torch.ops.aten.native_layer_norm_backward(wide(dy), wide(x), ln.normalized_shape, mean, rstd, wide(ln.weight),
+                                                     wide(ln.bias), [True, True, True])
 
 
 class _LNLinear(torch.autograd.Function):

@@ -30,9 +30,12 @@ EXTEND_TOKENS = 1024  # batch x positions per pass of ImageTransformer.extend (m
 
 def check_range(tokens: torch.Tensor, vocab: int) -> None:
     """ShapeError unless every token is in 0..vocab-1 (one min and max, not a traceback from the embedding)."""
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-        raise ShapeError(f"tokens must be in 0..{vocab - 1} ({vocab.bit_length() - 1}-bit values); got values "
-                         f"{int(tokens.min())}..{int(tokens.max())}")
+    if not tokens.numel():
+        return
+    lo, hi = (int(v) for v in torch.aminmax(tokens))
+    if lo < 0 or hi >= vocab:
+        raise ShapeError(f"tokens must be in 0..{vocab - 1} ({vocab.bit_length() - 1}-bit values); "
+                         f"got values {lo}..{hi}")
 
 
 class Attention(nn.Module):
