@@ -24,7 +24,7 @@ from imggen import checkpoint as ck
 from imggen.config import Config
 from imggen.errors import CheckpointError, ConfigError, Interrupted, TrainingError
 from imggen.model import ImageTransformer
-from imggen.tasks import eval_masks, inpaint_inputs, training_masks
+from imggen.tasks import eval_masks, inpaint_inputs, token_mask, training_masks
 from imggen.tokens import tokenize
 
 LN2 = math.log(2.0)
@@ -112,16 +112,27 @@ def build_model_and_optimizer(cfg: Config, device):
 
 
 def train_step(model, opt, x: torch.Tensor, step: int, cfg: Config, device, loss_hook=None,
-               context: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None) -> float:
+               context: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None,
+               mask_norm: float | None = None) -> float:
     """One optimiser step on token batch x (with a context and a token loss mask for inpainting);
-    returns the loss in bits/dim (TrainingError if the loss or the gradient norm is not finite)."""
+    returns the loss in bits/dim (TrainingError if the loss or the gradient norm is not finite).
+
+    The masked loss is the sum of the masked NLL over `mask_norm`: by default this batch's mask count
+    (its mean). Under DDP, which averages the processes' gradients, pass `ddp_mask_norm(...)` of the
+    global batch (its mask count / the number of processes): the gradient is then that of the global
+    batch's mean, as one process would compute it, whatever each process's own share of the mask;
+    the returned values, averaged over the processes, are the global batch's loss."""
     for g in opt.param_groups:
         g["lr"] = lr_at(step, cfg)
     with autocast(device):
         logits = model(x, context=context)
     nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1),
                                             reduction="none")
-    loss = nll.mean() if loss_mask is None else (nll * loss_mask.reshape(-1)).sum() / loss_mask.sum()
+    if loss_mask is None:
+        loss = nll.mean()
+    else:  # a batch (or a process's share) without unknown pixels has loss 0, not 0/0
+        norm = float(loss_mask.sum()) if mask_norm is None else float(mask_norm)
+        loss = (nll * loss_mask.reshape(-1)).sum() / max(norm, 1e-12)
     if loss_hook is not None:
         loss = loss_hook(step, loss)
     value = float(loss.detach())
@@ -338,15 +349,20 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
         while run.step < t.steps:
             if governor is not None:
                 governor.tick()
-            x, context, loss_mask = next_batch(run)
+            x, context, loss_mask, norm = next_batch(run)
             try:
                 rate["bpd"] = train_step(net, run.opt, x, run.step, cfg, run.device, (hooks or {}).get("loss"),
-                                         context, loss_mask)
+                                         context, loss_mask, norm)
                 run.step += 1
+                if run.world > 1:  # the logged and shown loss is the global batch's, not rank 0's share
+                    stopping, rate["bpd"] = _sync_step(run, stop, rate["bpd"])
                 bar.update(1)
-                bar.set_postfix(bpd=f"{rate['bpd']:.3f}", tok_s=f"{rate.get('tokens_per_s', 0):.0f}")
+                shown = {"bpd": f"{rate['bpd']:.3f}"}
+                if "tokens_per_s" in rate:  # measured at the first log step; none shown before it
+                    shown["tok_s"] = f"{rate['tokens_per_s']:.0f}"
+                bar.set_postfix(shown)
                 periodic(run, logger, rate)
-                if _stop_requested(run, stop) and run.step < t.steps:
+                if (stopping if run.world > 1 else stop.requested) and run.step < t.steps:
                     bar.close()
                     if run.step % t.ckpt_every:  # not saved by periodic() already
                         save(run)
@@ -371,24 +387,35 @@ def _stopped(run: Run) -> str:
     return f"training stopped before a good checkpoint was saved{removed}. {fix} and start again (--overwrite)"
 
 
+def ddp_mask_norm(masks, channels: int, world: int) -> float:
+    """train_step's divisor for this step under DDP: the token loss mask count of the global batch's
+    pixel masks (B, H, W), over the number of processes (DDP averages their gradients)."""
+    return float(token_mask(torch.as_tensor(masks).bool(), channels).sum()) / world
+
+
 def next_batch(run: Run):
-    """This process's part of the step's global batch: tokens, and for inpainting the context and
-    the token loss mask (masks drawn for the global batch, so DDP sees what one process would)."""
+    """This process's part of the step's global batch: tokens, and for inpainting the context, the
+    token loss mask and the loss divisor (masks drawn for the global batch, so DDP sees what one
+    process would; every process knows the global mask count without communicating)."""
     t, m = run.cfg.train, run.cfg.model
     idx = batch_indices(run.step, t.batch_size, len(run.splits["train"]), t.seed)
     x = run.splits["train"][idx[run.rank::run.world]].long().to(run.device)
     if t.task != "inpaint":
-        return x, None, None
+        return x, None, None, None
     masks = training_masks(t.seed, run.step, idx.numpy(), run.splits.get("train_masks"), m.height, m.width)
-    return (x, *inpaint_inputs(run.model, x, masks[run.rank::run.world]))
+    context, loss_mask = inpaint_inputs(run.model, x, masks[run.rank::run.world])
+    return x, context, loss_mask, ddp_mask_norm(masks, m.channels, run.world)
 
 
-def _stop_requested(run: Run, stop: StopSignal) -> bool:
-    if run.world == 1:
-        return stop.requested
-    flag = torch.tensor([float(stop.requested)], device=run.device if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+def _sync_step(run: Run, stop: StopSignal, bpd: float) -> tuple[bool, float]:
+    """DDP only: the one collective per step, right after it: (whether any process was asked to
+    stop, the step's loss averaged over the processes). The processes' losses weigh the same: equal
+    token counts for generation, and train_step's global `mask_norm` for inpainting. (A signal that
+    arrives during the step's periodic() work stops the run after the next step.)"""
+    both = torch.tensor([float(stop.requested), bpd], dtype=torch.float64,
+                        device=run.device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(both)
+    return bool(both[0].item() > 0), both[1].item() / run.world
 
 
 def finish(run: Run, logger: Logger, train_s: float) -> dict:

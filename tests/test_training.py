@@ -171,3 +171,13 @@ def test_resume_at_the_step_of_an_interrupted_run_finishes_it(tmp_path):
     assert metrics["steps"] == 3 and {"val_bpd", "test_bpd"} <= set(metrics)
     rows = [json.loads(line) for line in open(os.path.join(out, "log.jsonl"))]
     assert [r["step"] for r in rows if "test_bpd" in r] == [3]
+
+
+# ------------------------------------------------------------------------------- progress bar
+def test_progress_bar_shows_no_token_rate_before_it_is_measured(tmp_path, capsys):
+    """tok_s appears once the first log step has measured it (it used to read 0 until then)."""
+    cfg = run_cfg(steps=3, ckpt_every=3, log_every=2, grid_time_frac=0)
+    train(cfg, str(tmp_path / "run"), data=splits(cfg), progress=True)
+    err = capsys.readouterr().err
+    assert "bpd=" in err and re.search(r"tok_s=[1-9]", err)
+    assert not re.search(r"tok_s=0\b", err)
