@@ -449,7 +449,7 @@ def make_cache(pattern: Pattern, batch: int, heads: int, head_dim: int, n: int, 
 
 class Caches(list):
     """The caches of one decoding run, one per layer, and what the run packs once (`packed`:
-    imggen.panels' weight panels per Linear, and the model's linear weight bytes under "bytes")."""
+    imggen.panels' weight panels per Linear, and under "large" whether the model uses them)."""
 
     def __init__(self, caches):
         super().__init__(caches)

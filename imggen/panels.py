@@ -72,10 +72,10 @@ def step_linear(model: nn.Module, caches):
     store = getattr(caches, "packed", None)
     if store is None:
         return _layer
-    size = store.get("bytes")
-    if size is None:
-        size = store["bytes"] = linear_bytes(model)
-    return functools.partial(panel_linear, store=store) if size > MIN_BYTES else _layer
+    large = store.get("large")
+    if large is None:
+        large = store["large"] = is_large(model)
+    return functools.partial(panel_linear, store=store) if large else _layer
 
 
 def linear_bytes(model: nn.Module) -> int:
