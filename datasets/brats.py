@@ -223,7 +223,8 @@ def _load_case(case: Path, mods: list[str], height: int, width: int, channels: i
 
 
 def load(path, *, height: int, width: int, channels: int = 1, seed: int = 0, skip_bad: bool = False,
-         modality="t1", inpainting: bool = False, limit: int | None = None, **_) -> ImageSplits:
+         modality="t1", inpainting: bool = False, limit: int | None = None, progress: bool = True,
+         **_) -> ImageSplits:
     mods = _parse_modalities(modality, channels)
     cases = _find_cases(Path(path).expanduser())
     if limit is not None:
@@ -234,7 +235,7 @@ def load(path, *, height: int, width: int, channels: int = 1, seed: int = 0, ski
     parts = {s: {"img": [], "mask": [], "case": [], "slice": []} for s in ("train", "val", "test")}
     done, skipped = read_each(list(enumerate(cases)), lambda ic: _load_case(ic[1], mods, height, width, channels,
                                                                           inpainting),
-                              kind="brats", what="bad case(s)", skip_bad=skip_bad, progress="BraTS cases")
+                              kind="brats", what="bad case(s)", skip_bad=skip_bad, progress="BraTS cases" if progress else None)
     for (i, case), (imgs, masks, keep) in done:
         p = parts[split_of[i]]
         p["img"].append(imgs)

@@ -39,7 +39,7 @@ def _load_image(file: Path, height: int, width: int, channels: int) -> np.ndarra
 
 
 def load(path, *, height: int, width: int, channels: int, seed: int = 0, skip_bad: bool = False,
-         **_) -> ImageSplits:
+         progress: bool = True, **_) -> ImageSplits:
     if channels not in (1, 3):
         raise ConfigError(f"folder: channels={channels} not supported; use 1 (grayscale) or 3 (RGB)")
     root = Path(path).expanduser()
@@ -49,7 +49,7 @@ def load(path, *, height: int, width: int, channels: int, seed: int = 0, skip_ba
     if not files:
         raise DataError(f"image folder {root} contains no PNG/JPEG files ({', '.join(sorted(EXTENSIONS))})")
     done, skipped = read_each(files, lambda f: _load_image(f, height, width, channels), kind="folder",
-                              what="unreadable image(s)", skip_bad=skip_bad, progress=f"images in {root.name}")
+                              what="unreadable image(s)", skip_bad=skip_bad, progress=f"images in {root.name}" if progress else None)
     names, images = [str(f.relative_to(root)) for f, _ in done], [a for _, a in done]
     if not images:
         raise DataError(f"image folder {root}: none of the {len(files)} image files could be read")

@@ -13,7 +13,8 @@ import warnings
 
 import torch
 
-from imggen.cli import Parser, add_fill_flags, add_threads_flag, device_arg, fill_args, int_at_least, positive_int
+from imggen.cli import (Parser, add_fill_flags, add_threads_flag, check_fill_args, device_arg, fill_args, int_at_least,
+                        positive_int)
 from imggen.errors import ConfigError, ImggenError
 
 PROG = "python -m imggen.eval"
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "score PSNR/SSIM over the whole image and inside the mask, write "
                                    "original/masked/filled triplet PNGs and inpaint.json.")
     common(p)
-    p.add_argument("--limit", type=positive_int, default=16, help="inpaint the first N images with a non-empty mask (default 16)")
+    p.add_argument("--limit", type=positive_int, help="inpaint the first N images with a non-empty mask (default 16)")
     p.add_argument("--rank", type=positive_int, default=1, help="candidates per image; keep the most likely (default 1)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     add_fill_flags(p)
@@ -74,10 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fid", help="Frechet Inception Distance between two image sets (or samples vs test data)",
                        description="FID with pytorch-fid's Inception weights, between --images-a and --images-b, "
                                    "or between --num samples of --checkpoint and its data's test split.")
-    p.add_argument("--images-a", metavar="A", help="uint8 images: .npz (key 'images' or first array) or a folder of PNGs")
+    p.add_argument("--images-a", metavar="A", help="uint8 images: .npz (key 'images', or its only array) or a folder of PNGs")
     p.add_argument("--images-b", metavar="B", help="second image set (.npz or folder); default with --checkpoint: the test split")
     p.add_argument("--checkpoint", metavar="RUN", help="sample --num images from this run as set A")
-    p.add_argument("--num", type=positive_int, default=2048, help="samples to draw with --checkpoint (default 2048)")
+    p.add_argument("--num", type=int_at_least(2, "an integer >= 2 (FID needs a covariance)"), default=2048,
+                   help="samples to draw with --checkpoint, at least 2 (default 2048)")
     p.add_argument("--data", metavar="SPEC", help="reference data with --checkpoint (default: the run's data.spec)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--weights", "--fid-weights", dest="weights", metavar="PATH",
@@ -129,12 +131,19 @@ def _write(res: dict, path: str | None) -> None:
         print(f"wrote {path}")
 
 
+def _note(msg: str) -> None:
+    print(f"note: {msg}", file=sys.stderr, flush=True)
+
+
 def cmd_bpd(a) -> int:
     from imggen.eval.run import load_run
     from imggen.eval.runners import run_bpd
     run = load_run(a.checkpoint, a.device)
     res = run_bpd(run, spec=a.data, split=a.split, limit=a.limit, bootstrap=a.bootstrap,
                   batch_size=a.batch_size, seed=a.seed)
+    if a.limit is not None and res["n_images"] < a.limit:
+        _note(f"--limit {a.limit} is more than the {res['n_images']} images of the {res['split']} split; "
+              f"evaluated all {res['n_images']}")
     ci = res["ci95"]
     ci_s = f" (95% CI {ci[0]:.4f} - {ci[1]:.4f})" if ci else ""
     print(f"{res['split']} bits/dim {res['bpd']:.4f}{ci_s} over {res['n_images']} images of {res['data']}: {res['label']}")
@@ -145,10 +154,15 @@ def cmd_bpd(a) -> int:
 def cmd_inpaint(a) -> int:
     from imggen.eval.run import load_run
     from imggen.eval.runners import run_inpaint
+    check_fill_args(a)  # before the model loads
     run = load_run(a.checkpoint, a.device)
     out = a.out or os.path.join(run.path if os.path.isdir(run.path) else os.path.dirname(run.ckpt), "inpaint")
-    res = run_inpaint(run, spec=a.data, split=a.split, limit=a.limit, rank=a.rank, seed=a.seed, out=out,
+    limit = 16 if a.limit is None else a.limit
+    res = run_inpaint(run, spec=a.data, split=a.split, limit=limit, rank=a.rank, seed=a.seed, out=out,
                       batch_size=a.batch_size, **fill_args(a))
+    if a.limit is not None and res["n_images"] < a.limit:
+        _note(f"--limit {a.limit} is more than the {res['n_images']} images with a non-empty mask in the "
+              f"{res['split']} split; inpainted all {res['n_images']}")
     print(f"inpainted {res['n_images']} {res['split']} images of {res['data']}: PSNR {res['psnr']:.2f} dB / "
           f"SSIM {res['ssim']:.4f} whole image, PSNR {res['psnr_mask']:.2f} dB / SSIM {res['ssim_mask']:.4f} "
           f"inside the mask; wrote {res['json']} and {len(res['files']['triplets'])} triplets in {out}")
@@ -156,12 +170,14 @@ def cmd_inpaint(a) -> int:
 
 
 def cmd_fid(a) -> int:
-    from imggen.eval.run import load_data, load_images, load_run, split_images
+    from imggen.eval.run import check_fid_set, load_data, load_images, load_run, split_images
     from imggen.eval.runners import run_fid, sample_images
     if a.checkpoint and a.images_a:
         raise ConfigError("use either --checkpoint (samples as set A) or --images-a, not both")
     if not a.checkpoint and not (a.images_a and a.images_b):
         raise ConfigError("fid needs --images-a A --images-b B, or --checkpoint RUN [--num N]")
+    if a.checkpoint and a.num < 2:  # the parser checks this too; a caller may build the namespace itself
+        raise ConfigError(f"--num {a.num}: FID needs at least 2 samples for a covariance; pass --num 2 or more")
     if not a.random_init:
         from imggen.eval.fid import _resolve_weights
         _resolve_weights(a.weights)  # fail before sampling when the weights are missing
@@ -169,10 +185,16 @@ def cmd_fid(a) -> int:
         warnings.simplefilter("ignore")
         if a.checkpoint:
             run = load_run(a.checkpoint, a.device)
-            imgs_b = load_images(a.images_b) if a.images_b else split_images(load_data(run.cfg, a.data), "test", None)
-            imgs_a, _ = sample_images(run, a.num, seed=a.seed, batch_size=a.batch_size)
+            if a.images_b:
+                imgs_b = check_fid_set(load_images(a.images_b), f"--images-b {a.images_b}")
+            else:
+                spec = a.data or run.cfg.data.spec
+                imgs_b = check_fid_set(split_images(load_data(run.cfg, a.data), "test", None),
+                                       f"the test split of {spec}")
+            imgs_a, _ = sample_images(run, a.num, seed=a.seed, batch_size=a.batch_size)  # after every check
         else:
-            imgs_a, imgs_b = load_images(a.images_a), load_images(a.images_b)
+            imgs_a = check_fid_set(load_images(a.images_a), f"--images-a {a.images_a}")
+            imgs_b = check_fid_set(load_images(a.images_b), f"--images-b {a.images_b}")
         res = run_fid(imgs_a, imgs_b, a.weights, a.device, random_init=a.random_init, batch_size=a.batch_size)
     print(f"FID {res['fid']:.3f} ({res['n_a']} vs {res['n_b']} images; {res['note']})")
     _write(res, a.json)

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from imggen.errors import ImggenError, ShapeError
+from imggen.errors import DataError, ImggenError, ShapeError
 
 KEYS = ("recognised", "atom_valence_ok", "bond_ok", "sanitises", "exact_match", "bond_type_agreement")
 # OSRA reads best with bonds ~40 px: smaller images are upscaled by an integer factor to about
@@ -211,6 +211,9 @@ def _as_batch(images) -> np.ndarray:
         raise ShapeError(f"atom_bond_accuracy: images must be grayscale (B, 1, H, W), got shape {images.shape}")
     if images.dtype != np.uint8:
         raise ShapeError(f"atom_bond_accuracy: images must be uint8 0..255, got dtype {images.dtype}")
+    if len(images) == 0:
+        raise ShapeError(f"atom_bond_accuracy: got 0 images (shape {images.shape}); the metrics of no images "
+                         f"are undefined, pass at least one (B, 1, H, W) image")
     return images
 
 
@@ -233,8 +236,8 @@ def atom_bond_accuracy(images, smiles=None, workers: int = 2, timeout: float = 3
     sanitises: passes RDKit sanitisation; with reference `smiles`: exact_match (canonical SMILES,
     stereo ignored) and bond_type_agreement (multiset overlap of bond types / larger count).
     """
+    images = _as_batch(images)  # bad input is reported before a missing OSRA
     exe = find_osra()
-    images = _as_batch(images)
     if smiles is not None and len(smiles) != len(images):
         raise ShapeError(f"atom_bond_accuracy: {len(images)} images but {len(smiles)} reference SMILES")
     _check_ink(ink)
@@ -255,9 +258,11 @@ def _summarise(outs, smiles, return_per_image: bool) -> dict:
             row["reference"] = smiles[i]
         rows.append(row)
     n = len(rows)
-    res = {k: (float(np.mean([r[k] for r in rows])) if n else 0.0) for k in KEYS[:4]}
+    if n == 0:
+        raise ShapeError("atom-bond metrics of 0 images are undefined; pass at least one image")
+    res = {k: float(np.mean([r[k] for r in rows])) for k in KEYS[:4]}
     for k in KEYS[4:]:
-        res[k] = (float(np.mean([r[k] for r in rows])) if n else 0.0) if smiles is not None else None
+        res[k] = float(np.mean([r[k] for r in rows])) if smiles is not None else None
     res.update(n=n, failures=sum(r["osra_status"] == "failed" for r in rows),
                timeouts=sum(r["osra_status"] == "timeout" for r in rows))
     if return_per_image:
@@ -273,8 +278,13 @@ def calibrate(smiles, height: int, width: int, style=None, workers: int = 2, tim
     Images are prepared for OSRA as in `atom_bond_accuracy` (same `ink`).
     """
     from imggen.datasets.molecules import render_smiles
+    if len(smiles) == 0:
+        raise DataError("calibrate: no reference SMILES given; pass at least one (e.g. the test split's)")
     images, kept = render_smiles(list(smiles), height, width, style=style, workers=1,
                                  progress=False, use_cache=False, report=False)
+    if len(kept) == 0:
+        raise DataError(f"calibrate: none of the {len(smiles)} reference SMILES can be drawn at {height}x{width} "
+                        f"(invalid, or too large for the fixed bond length); use larger images or other SMILES")
     res = atom_bond_accuracy(images, [smiles[i] for i in kept], workers=workers, timeout=timeout,
                              ink=ink)
     res["drawn"] = len(kept)

@@ -34,26 +34,52 @@ WEIGHTS_ENV = "IMGGEN_FID_WEIGHTS"
 MIN_IMAGES = 2048  # below this the 2048x2048 covariance is rank deficient; FID is biased upwards
 
 
+def _check_covariance(s: np.ndarray, name: str) -> None:
+    """DataError unless `s` is a symmetric positive semi-definite matrix (up to rounding)."""
+    scale = max(float(np.abs(s).max()), np.finfo(np.float64).tiny)
+    if not np.allclose(s, s.T, rtol=1e-5, atol=1e-8 * scale):
+        raise DataError(f"frechet_distance: {name} is not symmetric (largest |{name} - {name}.T| = "
+                        f"{float(np.abs(s - s.T).max()):.3g}); pass a covariance matrix such as "
+                        f"np.cov(features, rowvar=False)")
+    try:  # Cholesky of S + tol I succeeds iff every eigenvalue of S is > -tol (cheaper than eigvalsh)
+        np.linalg.cholesky((s + s.T) / 2 + np.eye(len(s)) * (1e-6 * scale))
+    except np.linalg.LinAlgError:
+        low = float(np.linalg.eigvalsh((s + s.T) / 2)[0])
+        raise DataError(f"frechet_distance: {name} is not positive semi-definite (smallest eigenvalue "
+                        f"{low:.3g}); pass a covariance matrix such as np.cov(features, rowvar=False)") from None
+
+
 def frechet_distance(mu1, sigma1, mu2, sigma2, eps: float = 1e-6) -> float:
     """||mu1 - mu2||^2 + Tr(S1 + S2 - 2 sqrt(S1 S2)) for Gaussians N(mu1, S1), N(mu2, S2).
 
     sqrt(S1 S2) via scipy.linalg.sqrtm; if the result is not finite (near-singular product) the
     computation is retried with eps * I added to both covariances. Imaginary parts from numerical
-    error are dropped; significant ones (> 1e-3 on the diagonal) raise ValueError.
+    error are dropped. Non-finite statistics, a covariance that is not symmetric positive
+    semi-definite, a significant imaginary part (> 1e-3 on the diagonal) or a result that stays
+    non-finite raise DataError (a ValueError) naming the argument.
     """
     mu1, mu2 = np.atleast_1d(np.asarray(mu1, np.float64)), np.atleast_1d(np.asarray(mu2, np.float64))
     s1, s2 = np.atleast_2d(np.asarray(sigma1, np.float64)), np.atleast_2d(np.asarray(sigma2, np.float64))
     if mu1.shape != mu2.shape or s1.shape != s2.shape or s1.shape != (mu1.size, mu1.size):
         raise ShapeError(f"mismatched statistics: mu {mu1.shape} vs {mu2.shape}, sigma {s1.shape} vs {s2.shape}")
+    for a, name in ((mu1, "mu1"), (s1, "sigma1"), (mu2, "mu2"), (s2, "sigma2")):
+        if not np.isfinite(a).all():
+            raise DataError(f"frechet_distance: {name} holds {int((~np.isfinite(a)).sum())} NaN/inf values; "
+                            f"compute the statistics from finite features")
+    _check_covariance(s1, "sigma1")
+    _check_covariance(s2, "sigma2")
     diff = mu1 - mu2
     covmean = linalg.sqrtm(s1.dot(s2))
     if not np.isfinite(covmean).all():
         offset = np.eye(s1.shape[0]) * eps
         covmean = linalg.sqrtm((s1 + offset).dot(s2 + offset))
+    if not np.isfinite(covmean).all():
+        raise DataError(f"frechet_distance: sqrtm(sigma1 sigma2) is not finite even with {eps:g} * I added "
+                        f"to both covariances; the covariances are too ill-conditioned (pass a larger eps)")
     if np.iscomplexobj(covmean):
         if not np.allclose(np.diagonal(covmean).imag, 0, atol=1e-3):
-            raise ValueError(f"sqrtm(S1 S2) has a significant imaginary part "
-                             f"({np.max(np.abs(covmean.imag)):.3g}); covariances are not PSD")
+            raise DataError(f"frechet_distance: sqrtm(sigma1 sigma2) has a significant imaginary part "
+                            f"({np.max(np.abs(covmean.imag)):.3g}); covariances are not PSD")
         covmean = covmean.real
     return float(diff.dot(diff) + np.trace(s1) + np.trace(s2) - 2.0 * np.trace(covmean))
 

@@ -15,6 +15,11 @@ Conventions for `psnr` / `ssim`
   mask=None, which crops the border as skimage does). Images whose mask is empty are left out
   of the batch mean; an empty mask overall is an error.
 * Identical images: PSNR = float('inf') (no warning), SSIM = 1.0.
+* Checked up front (ShapeError naming the argument, the value and the fix): `data_range` must be a
+  finite number > 0; images must be finite; pred and target must be on one scale (a float image in
+  [0, 1] against one with values above 1 is an error, as are float images in [0, 1] scored with a
+  data_range above 1, e.g. the uint8 default 255); no value may lie outside a span of `data_range`.
+  Mixed dtypes on one scale (uint8 against float 0..255) are fine.
 """
 from __future__ import annotations
 
@@ -28,24 +33,85 @@ from imggen.errors import ShapeError
 __all__ = ["psnr", "ssim", "brats_inpainting_metrics", "volume_from_slices"]
 
 
-def _np(x, name: str) -> np.ndarray:
+def _np(x, name: str, image: bool = False) -> np.ndarray:
     if hasattr(x, "detach"):  # torch tensor
         x = x.detach().cpu().numpy()
     a = np.asarray(x)
     if a.dtype == bool:
-        return a
-    if not np.issubdtype(a.dtype, np.number):
-        raise ShapeError(f"{name}: expected a numeric array, got dtype {a.dtype}")
+        return a.astype(np.float64) if image else a
+    if not np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.complexfloating):
+        raise ShapeError(f"{name}: expected a real numeric array, got dtype {a.dtype}")
     return a.astype(np.float64)
 
 
-def _as_batch(pred, target, mask):
-    """-> float64 (B, C, H, W) pred/target and bool (B, C, H, W) mask (or None)."""
-    p, t = _np(pred, "pred"), _np(target, "target")
+def _dtype(x) -> str:
+    """The dtype of an array / tensor as a short name (for messages and the scale check)."""
+    d = getattr(x, "dtype", None)
+    if d is None:
+        d = np.asarray(x).dtype
+    return str(d).removeprefix("torch.")
+
+
+def _is_float(x) -> bool:
+    d = getattr(x, "dtype", None)
+    if d is not None and hasattr(d, "is_floating_point"):  # torch dtype
+        return bool(d.is_floating_point)
+    return np.issubdtype(np.asarray(x).dtype if d is None else d, np.floating)
+
+
+def _check_data_range(data_range) -> float:
+    """data_range as a float > 0, else a ShapeError naming the value and the fix."""
+    hint = "the value span of the images: 255 for uint8 images, 1.0 for float images in [0, 1]"
+    if isinstance(data_range, (bool, np.bool_, str, bytes)):
+        raise ShapeError(f"data_range must be a number > 0 ({hint}), got {data_range!r}")
+    try:
+        dr = float(data_range)
+    except (TypeError, ValueError):
+        raise ShapeError(f"data_range must be a number > 0 ({hint}), got {data_range!r}") from None
+    if not math.isfinite(dr) or dr <= 0:
+        raise ShapeError(f"data_range must be a finite number > 0 ({hint}), got {data_range!r}")
+    return dr
+
+
+def _check_scale(p: np.ndarray, t: np.ndarray, pred, target, data_range: float) -> None:
+    """pred / target finite, on one scale, and within a span of data_range (see module docstring)."""
+    for a, name in ((p, "pred"), (t, "target")):
+        if not np.isfinite(a).all():
+            raise ShapeError(f"{name} holds {int((~np.isfinite(a)).sum())} NaN/inf values; "
+                             f"PSNR/SSIM need finite images")
+    lo_p, hi_p, lo_t, hi_t = p.min(), p.max(), t.min(), t.max()
+    # "a float image in [0, 1]": an all-zero (black) float image is on every scale
+    unit = {"pred": _is_float(pred) and lo_p >= 0 and 0 < hi_p <= 1,
+            "target": _is_float(target) and lo_t >= 0 and 0 < hi_t <= 1}
+    if unit["pred"] != unit["target"]:
+        u, o = ("pred", "target") if unit["pred"] else ("target", "pred")
+        o_hi = hi_t if o == "target" else hi_p
+        if o_hi > 1:
+            raise ShapeError(
+                f"{u} is a float image in [0, 1] ({_dtype(pred if u == 'pred' else target)}) but {o} "
+                f"({_dtype(target if o == 'target' else pred)}) has values up to {o_hi:g}: they are on "
+                f"different scales; divide {o} by 255 and pass data_range=1.0, or multiply {u} by 255")
+    if unit["pred"] and unit["target"] and data_range > 1:
+        raise ShapeError(f"pred and target are float images in [0, 1] but data_range={data_range:g} "
+                         f"(the span of uint8 images); pass data_range=1.0, or scale the images to 0..255")
+    lo, hi = min(lo_p, lo_t), max(hi_p, hi_t)
+    if hi - lo > data_range * (1 + 1e-9):
+        raise ShapeError(f"pred/target values span {lo:g}..{hi:g}, wider than data_range={data_range:g}; "
+                         f"pass the images' value span as data_range (255 for uint8, 1.0 for floats in [0, 1])")
+
+
+def _as_batch(pred, target, mask, data_range: float | None = None):
+    """-> float64 (B, C, H, W) pred/target and bool (B, C, H, W) mask (or None); with data_range
+    (checked by `_check_data_range`), checks the images' scale against it too."""
+    p, t = _np(pred, "pred", image=True), _np(target, "target", image=True)
     if p.shape != t.shape:
         raise ShapeError(f"pred shape {p.shape} != target shape {t.shape}; pass arrays of one shape")
     if p.ndim not in (2, 3, 4):
         raise ShapeError(f"expected (H, W), (C, H, W) or (B, C, H, W), got shape {p.shape}")
+    if p.size == 0:
+        raise ShapeError(f"pred/target of shape {p.shape} hold no pixels; pass at least one image")
+    if data_range is not None:
+        _check_scale(p, t, pred, target, data_range)
     lead = (1,) * (4 - p.ndim)
     p, t = p.reshape(lead + p.shape), t.reshape(lead + t.shape)
     m = None
@@ -65,7 +131,8 @@ def _as_batch(pred, target, mask):
 
 def psnr(pred, target, mask=None, data_range=255) -> float:
     """Peak signal-to-noise ratio in dB (see module docstring); inf for identical images."""
-    p, t, m = _as_batch(pred, target, mask)
+    data_range = _check_data_range(data_range)
+    p, t, m = _as_batch(pred, target, mask, data_range)
     vals = []
     for i in range(p.shape[0]):
         if m is None:
@@ -91,7 +158,8 @@ def _ssim_one(t: np.ndarray, p: np.ndarray, data_range, full: bool, **kw):
 
 def ssim(pred, target, mask=None, data_range=255) -> float:
     """Structural similarity (skimage defaults, 7x7 uniform window); see module docstring."""
-    p, t, m = _as_batch(pred, target, mask)
+    data_range = _check_data_range(data_range)
+    p, t, m = _as_batch(pred, target, mask, data_range)
     vals = []
     for i in range(p.shape[0]):
         if m is None:

@@ -112,6 +112,9 @@ def make_report(path: str, out: str | None = None, num: int = 16, seed: int = 0,
     if data is not None:
         r = run_bpd(run, data, spec, split, limit, bootstrap, batch_size, seed)
         r.pop("per_image", None)
+        if limit is not None and r["n_images"] < limit:
+            rep["notes"].append(f"--limit {limit} is more than the {r['n_images']} images of the {split} split; "
+                                f"bits/dim over all {r['n_images']}")
         rep["bpd"] = r
 
     # samples + speed

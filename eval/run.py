@@ -6,6 +6,7 @@ import json
 import math
 import os
 import warnings
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,8 +98,39 @@ def write_json(obj, path: str) -> None:
         f.write("\n")
 
 
+_NPZ_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip archive (an empty one starts with the second)
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _read_array(path: str) -> tuple[np.ndarray, str]:
+    """(array, where) from an .npz (key 'images', else its only array) or an .npy file."""
+    hint = "pass an .npz of uint8 images (np.savez(path, images=...)) or a folder of PNG/JPEG files"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise DataError(f"cannot read {path} ({e.strerror or e}); {hint}") from None
+    if not (head.startswith(_NPZ_MAGIC) or head.startswith(_NPY_MAGIC)):
+        what = "an empty file" if not head else "not an .npz or .npy file (no zip / NumPy header)"
+        raise DataError(f"{path} is {what}; {hint}")
+    try:
+        if head.startswith(_NPY_MAGIC):
+            return np.load(path, allow_pickle=False), path
+        with np.load(path, allow_pickle=False) as z:
+            keys = list(z.keys())
+            key = "images" if "images" in keys else keys[0] if len(keys) == 1 else None
+            arr = None if key is None else z[key]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise DataError(f"cannot read {path} as .npz/.npy ({' '.join(str(e).split())}); {hint}") from None
+    if key is None:
+        found = ", ".join(repr(k) for k in keys) if keys else "none"
+        raise DataError(f"{path} has no 'images' array (arrays found: {found}); save the images under the "
+                        f"key 'images' (np.savez(path, images=...)) or as the file's only array")
+    return arr, f"{path}[{key!r}]"
+
+
 def load_images(path: str) -> np.ndarray:
-    """uint8 (N, C, H, W) from an .npz (key 'images', else its only / first array) or a folder of images."""
+    """uint8 (N, C, H, W) from an .npz (key 'images', else its only array), an .npy or a folder of images."""
     from imggen.images import load_image
 
     if not os.path.exists(path):
@@ -113,25 +145,25 @@ def load_images(path: str) -> np.ndarray:
         if len(shapes) > 1:
             raise DataError(f"images in {path} have different sizes {sorted(shapes)[:3]}...; resize them to one size")
         return np.stack(arrs)
-    try:
-        with np.load(path) as z:
-            keys = list(z.keys())
-            if not keys:
-                raise DataError(f"{path} holds no arrays")
-            a = z["images"] if "images" in keys else z[keys[0]]
-    except (OSError, ValueError) as e:
-        raise DataError(f"cannot read {path} as .npz ({e})") from None
+    a, where = _read_array(path)
     if a.dtype != np.uint8:
-        raise DataError(f"{path}: images must be uint8 0..255, got {a.dtype}")
+        raise DataError(f"{where}: images must be uint8 0..255, got {a.dtype}")
     if a.ndim == 3:
         a = a[:, None]
     if a.ndim != 4:
-        raise DataError(f"{path}: expected images (N, C, H, W), (N, H, W, C) or (N, H, W), got {a.shape}")
+        raise DataError(f"{where}: expected images (N, C, H, W), (N, H, W, C) or (N, H, W), got {a.shape}")
     if a.shape[1] not in (1, 3) and a.shape[-1] in (1, 3):
         a = a.transpose(0, 3, 1, 2)
     if a.shape[1] not in (1, 3):
-        raise DataError(f"{path}: images need 1 or 3 channels, got shape {a.shape}")
+        raise DataError(f"{where}: images need 1 or 3 channels, got shape {a.shape}")
     return np.ascontiguousarray(a)
+
+
+def check_fid_set(images: np.ndarray, what: str) -> np.ndarray:
+    """`images` unless FID cannot use them (fewer than 2: no covariance); DataError naming `what`."""
+    if len(images) < 2:
+        raise DataError(f"{what} holds {len(images)} image(s); FID needs at least 2 per set for a covariance")
+    return images
 
 
 def read_log(run_dir: str | None) -> list[dict]:

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import torch
 
-from imggen.errors import ConfigError, DataError
+from imggen.errors import CheckpointError, ConfigError, DataError
 from imggen.eval.run import Run, load_data, split_images, write_json
 from imggen.images import image_scale
 
@@ -27,6 +27,12 @@ def run_bpd(run: Run, data=None, spec: str | None = None, split: str = "test", l
     t0 = time.time()
     res = bits_per_dim(run.model, imgs, batch_size=batch_size, return_per_image=True, bootstrap=bootstrap,
                        seed=seed, dataset=spec, progress=True)
+    bad = [i for i, v in enumerate(res["per_image"]) if not np.isfinite(v)]
+    if bad:
+        raise CheckpointError(f"checkpoint {run.ckpt} gives a non-finite bits/dim ({res['per_image'][bad[0]]}) on "
+                              f"{len(bad)} of {len(imgs)} {split} images (first: image {bad[0]}): its logits "
+                              f"overflow or are NaN; the weights are corrupt or training diverged - evaluate an "
+                              f"earlier checkpoint (RUN/checkpoints/step_*)")
     res.update(checkpoint=run.ckpt, data=spec, split=split, seconds=time.time() - t0)
     return res
 

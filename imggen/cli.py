@@ -84,6 +84,12 @@ def add_fill_flags(ap: argparse.ArgumentParser) -> None:
                     help="how --samples K > 1 are combined (default mean: what PSNR / SSIM reward)")
 
 
+def check_fill_args(args) -> None:
+    """--reduce without --samples K > 1 has nothing to combine: a ConfigError, before any work."""
+    if args.reduce and args.samples == 1:
+        raise ConfigError(f"--reduce {args.reduce} combines --samples K > 1 fills; add --samples K")
+
+
 def fill_args(args) -> dict:
     return {"samples": args.samples, "reduce": (args.reduce or "mean") if args.samples > 1 else None}
 
@@ -174,6 +180,33 @@ def _checkpoint_config(out: str) -> Config | None:
     return read_config(found) if found else None
 
 
+def train_device_type(device: str | None) -> str:
+    """'cuda' or 'cpu': where training will run (as imggen.training.setup picks it: under torchrun
+    the local CUDA device when there is one, else --device, else cuda when available)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device:
+        return torch.device(device).type
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_train_backend(cfg: Config, device: str | None) -> None:
+    """A backend that cannot train on the chosen device is a ConfigError before the data loads:
+    triton needs CUDA (or the Triton interpreter, TRITON_INTERPRET=1: tests only); flex has no
+    backward pass on CPU."""
+    env = forced_backend()
+    backend = env or cfg.model.backend
+    where = f"IMGGEN_BACKEND={env}" if env else f"--backend {backend}"
+    fix = "set IMGGEN_BACKEND=cpu (or unset it)" if env else "use --backend cpu (or auto)"
+    if train_device_type(device) == "cuda":
+        return
+    if backend == "triton" and os.environ.get("TRITON_INTERPRET", "") != "1":
+        raise ConfigError(f"{where}: the triton kernels need a CUDA GPU and training runs on the CPU here; {fix}")
+    if backend == "flex":
+        raise ConfigError(f"{where}: the flex backend has no backward pass on CPU (FlexAttention is forward-only "
+                          f"there), so it cannot train here; {fix}")
+
+
 def train_main(argv=None) -> int:
     from imggen.training import train
 
@@ -182,6 +215,7 @@ def train_main(argv=None) -> int:
     out = args.out
     try:
         forced_backend()  # a bad IMGGEN_BACKEND or IMGGEN_SAVE_MB fails before the data loads
+        check_train_backend(cfg, args.device)  # so does a backend that cannot train on this device
         save_limit()
         with plain_data_warnings():
             train(cfg, out, resume=args.resume, overwrite=args.overwrite, device=args.device,
@@ -247,8 +281,7 @@ def _check_sample_args(args) -> None:
         raise ConfigError(f"--top-k must be >= 1, got {args.top_k}")
     if args.scale is not None and args.scale < 1:
         raise ConfigError("--scale must be >= 1")
-    if args.reduce and args.samples == 1:
-        raise ConfigError(f"--reduce {args.reduce} combines --samples K > 1 fills; add --samples K")
+    check_fill_args(args)
     _check_out_path("--out", args.out)
     if args.triplet:
         _check_out_path("--triplet", args.triplet)

@@ -147,12 +147,12 @@ def train_step(model, opt, x: torch.Tensor, step: int, cfg: Config, device, loss
     return value / LN2
 
 
-def load_data(cfg: Config):
+def load_data(cfg: Config, progress: bool = True):
     from imggen.datasets import load_dataset
 
     m = cfg.model
     data = load_dataset(cfg.data.spec, height=m.height, width=m.width, channels=m.channels,
-                        seed=cfg.train.seed, skip_bad=cfg.data.skip_bad)
+                        seed=cfg.train.seed, skip_bad=cfg.data.skip_bad, progress=progress)
     splits = {}
     for name in ("train", "val", "test"):
         imgs = data.split(name)
@@ -229,7 +229,8 @@ def _dist_setup():
     return rank, world, device
 
 
-def setup(cfg: Config, out: str, resume: bool, overwrite: bool, device: str | None, data: dict | None) -> Run:
+def setup(cfg: Config, out: str, resume: bool, overwrite: bool, device: str | None, data: dict | None,
+          progress: bool = True) -> Run:
     """Config checks, run directory, model + optimizer (restored with --resume), data."""
     rank, world, dist_device = _dist_setup()
     device = dist_device or device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -266,7 +267,7 @@ def setup(cfg: Config, out: str, resume: bool, overwrite: bool, device: str | No
             print(f"resumed {out} at step {run.step} from {found}")
     if run.main:
         ck._atomic_write_text(os.path.join(out, "config.json"), cfg.to_json())
-    run.splits = data if data is not None else load_data(cfg)[0]
+    run.splits = data if data is not None else load_data(cfg, progress)[0]
     if run.main:
         print(f"data {cfg.data.spec}: {len(run.splits['train'])} train / {len(run.splits['val'])} val / "
               f"{len(run.splits['test'])} test images of {cfg.model.shape}; "
@@ -329,7 +330,7 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
           data: dict | None = None, progress: bool = True, hooks: dict | None = None, governor=None) -> dict:
     """Train `cfg` into run directory `out`. Returns final metrics. `data` = pre-tokenised splits;
     `governor` (imggen.threads) adapts the CPU thread count as other processes come and go."""
-    run = setup(cfg, out, resume, overwrite, device, data)
+    run = setup(cfg, out, resume, overwrite, device, data, progress)
     run.progress = progress
     t = cfg.train
     if run.complete:

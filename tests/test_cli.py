@@ -80,3 +80,53 @@ def test_context_model_without_inpaint_says_which_flags(tmp_path, capsys):
     err = _one_line_error(capsys, sample_main, ["--checkpoint", run, "--device", "cpu", "--out", tmp_path / "s.png"])
     assert "trained for inpainting with a context: pass --inpaint IMAGE --mask MASK" in err
     assert not (tmp_path / "s.png").exists()
+
+
+def _no_data(monkeypatch):
+    import imggen.datasets
+
+    def boom(*a, **k):
+        raise AssertionError("data loaded before the backend check")
+    monkeypatch.setattr(imggen.datasets, "load_dataset", boom)
+
+
+@pytest.mark.parametrize("backend, msg", [("triton", "--backend triton: the triton kernels need a CUDA GPU"),
+                                          ("flex", "--backend flex: the flex backend has no backward pass on CPU")])
+def test_backend_that_cannot_train_on_cpu_fails_before_the_data_loads(tmp_path, capsys, monkeypatch, backend, msg):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("IMGGEN_BACKEND", raising=False)
+    _no_data(monkeypatch)
+    for device in ([], ["--device", "cpu"]):
+        err = _one_line_error(capsys, train_main, ["--backend", backend, "--out", tmp_path / "run", *device])
+        assert msg in err and "--backend cpu" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_forced_flex_backend_on_cpu_fails_before_the_data_loads(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("IMGGEN_BACKEND", "flex")
+    _no_data(monkeypatch)
+    err = _one_line_error(capsys, train_main, ["--out", tmp_path / "run"])
+    assert "IMGGEN_BACKEND=flex: the flex backend has no backward pass on CPU" in err and "IMGGEN_BACKEND=cpu" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_backend_check_lets_through_what_can_train(monkeypatch):
+    from imggen.cli import check_train_backend
+    from imggen.config import preset
+
+    monkeypatch.delenv("IMGGEN_BACKEND", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cfg = preset("demo")
+    for backend in ("auto", "cpu", "reference"):
+        cfg.model.backend = backend
+        check_train_backend(cfg, "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for backend in ("triton", "flex"):  # on CUDA both train
+        cfg.model.backend = backend
+        check_train_backend(cfg, None)
+        check_train_backend(cfg, "cuda:0")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the Triton interpreter runs the kernels on CPU tensors (tests)
+    cfg.model.backend = "triton"
+    check_train_backend(cfg, "cpu")

@@ -229,3 +229,83 @@ def test_report_says_in_one_line_when_drawings_are_too_small_for_osra():
            "atoms": None, "atoms_note": note}
     md = report_markdown(rep)
     assert f"Not measured: {note}." in md and "| recognised |" not in md
+
+
+# ------------------------------------------------------------------ checked up front, one line, exit 2
+def _no_sampling(monkeypatch):
+    import imggen.eval.runners as R
+
+    def boom(*a, **k):
+        raise AssertionError("sampled before the check")
+    monkeypatch.setattr(R, "sample_images", boom)
+
+
+def test_fid_with_fewer_than_2_images_fails_before_sampling(run, tmp_path, capsys, monkeypatch):
+    _no_sampling(monkeypatch)
+    with pytest.raises(SystemExit) as e:  # --num 1: no covariance, rejected by the parser
+        main(["fid", "--checkpoint", run, "--num", "1", "--random-init", "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "--num" in err[0] and ">= 2" in err[0], err
+    np.savez(tmp_path / "one.npz", images=np.zeros((1, 1, S, S), np.uint8))
+    for argv, flag in ([["--checkpoint", run, "--images-b", tmp_path / "one.npz"], "--images-b"],
+                       [["--images-a", tmp_path / "one.npz", "--images-b", tmp_path / "one.npz"], "--images-a"]):
+        rc, out, err = _main(capsys, "fid", *argv, "--random-init", "--device", "cpu")
+        lines = err.strip().splitlines()
+        assert rc == 2 and len(lines) == 1 and f"{flag} {tmp_path / 'one.npz'} holds 1 image(s)" in lines[0], err
+
+
+def test_inpaint_reduce_without_samples_is_an_error_before_loading(capsys):
+    rc, out, err = _main(capsys, "inpaint", "--checkpoint", "MISSING", "--reduce", "median")
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "--reduce median" in lines[0] and "--samples" in lines[0], err
+    assert "does not exist" not in err  # checked before the checkpoint is even looked for
+
+
+def test_limit_beyond_the_split_prints_one_note_with_the_count(run, brats, capsys, monkeypatch):
+    n = len(brats.test)
+    rc, out, err = _main(capsys, "bpd", "--checkpoint", run, "--limit", 10_000, "--bootstrap", 0)
+    notes = [line for line in err.splitlines() if line.startswith("note:")]
+    assert rc == 0 and len(notes) == 1 and f"--limit 10000 is more than the {n} images of the test split" in notes[0]
+    assert f"over {n} images" in out
+    rc, out, err = _main(capsys, "bpd", "--checkpoint", run, "--limit", 2, "--bootstrap", 0)
+    assert rc == 0 and "note:" not in err
+    # inpaint: the count of images with a non-empty mask; no note for the default --limit
+    import imggen.eval.runners as R
+    fake = {"n_images": 3, "split": "test", "data": "brats-demo", "psnr": 1.0, "ssim": 0.5, "psnr_mask": 1.0,
+            "ssim_mask": 0.5, "json": "x.json", "files": {"triplets": []}}
+    monkeypatch.setattr(R, "run_inpaint", lambda *a, **k: fake)
+    rc, out, err = _main(capsys, "inpaint", "--checkpoint", run, "--limit", 50)
+    assert rc == 0 and "note: --limit 50 is more than the 3 images with a non-empty mask in the test split" in err
+    rc, out, err = _main(capsys, "inpaint", "--checkpoint", run)
+    assert rc == 0 and "note:" not in err
+
+
+def test_bad_image_files_for_fid_name_the_problem(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    good = tmp_path / "good.npz"
+    np.savez(good, images=rng.integers(0, 256, (3, 1, 16, 16), dtype=np.uint8))
+    np.savez(tmp_path / "two.npz", labels=np.arange(3), pixels=rng.integers(0, 256, (3, 16, 16), dtype=np.uint8))
+    (tmp_path / "notes.txt").write_text("these are not images\n")
+    (tmp_path / "empty.npz").write_bytes(b"")
+    for name, msg in [("two.npz", "has no 'images' array (arrays found: 'labels', 'pixels')"),
+                      ("notes.txt", "notes.txt is not an .npz or .npy file"),
+                      ("empty.npz", "empty.npz is an empty file")]:
+        rc, out, err = _main(capsys, "fid", "--images-a", tmp_path / name, "--images-b", good, "--random-init",
+                             "--device", "cpu")
+        lines = err.strip().splitlines()
+        assert rc == 2 and len(lines) == 1 and msg in lines[0], err
+        assert "pickle" not in err
+
+
+def test_bpd_of_a_model_whose_output_overflows_is_an_error(run, tmp_path, capsys):
+    from imggen.checkpoint import save_checkpoint
+
+    r = load_run(run)
+    with torch.no_grad():
+        r.model.head.weight[:, 0] = float("inf")  # logits +-inf: the cross-entropy is NaN
+    bad = save_checkpoint(str(tmp_path / "overflow"), 1, r.model, r.cfg)
+    rc, out, err = _main(capsys, "bpd", "--checkpoint", bad, "--limit", 2, "--bootstrap", 0, "--json",
+                         tmp_path / "b.json")
+    lines = [line for line in err.splitlines() if line.strip() and "batch/s]" not in line]  # not tqdm's bar
+    assert rc == 2 and len(lines) == 1 and "non-finite bits/dim (nan) on 2 of 2 test images" in lines[0], err
+    assert "nan" not in out and not (tmp_path / "b.json").exists()

@@ -57,6 +57,38 @@ def test_frechet_retry_and_imaginary(monkeypatch):
     assert frechet_distance([0, 0], s, [0, 0], s) == pytest.approx(3 + 3 - 4)
 
 
+@pytest.mark.parametrize("arg, value, msg", [
+    ("sigma1", np.diag([-1.0, 1.0]), "sigma1 is not positive semi-definite .smallest eigenvalue -1"),
+    ("sigma2", np.array([[1.0, 2.0], [0.0, 1.0]]), "sigma2 is not symmetric"),
+    ("sigma2", np.diag([np.nan, 1.0]), "sigma2 holds 1 NaN/inf"),
+    ("sigma1", np.diag([np.inf, 1.0]), "sigma1 holds 1 NaN/inf"),
+    ("mu1", np.array([np.nan, 0.0]), "mu1 holds 1 NaN/inf"),
+])
+def test_frechet_rejects_bad_statistics_with_data_error(arg, value, msg):
+    """These used to give nan / 0.0 / a plain ValueError from inside sqrtm; now a DataError naming the argument."""
+    kw = {"mu1": np.zeros(2), "sigma1": np.eye(2), "mu2": np.zeros(2), "sigma2": np.eye(2), arg: value}
+    with pytest.raises(DataError, match=msg):
+        frechet_distance(**kw)
+    with pytest.raises(DataError, match=msg):
+        ev.frechet_distance(**kw)
+
+
+def test_frechet_accepts_singular_psd_and_fails_clearly_when_sqrtm_stays_non_finite(monkeypatch):
+    rng = np.random.default_rng(3)
+    f = rng.normal(size=(5, 8))  # 5 samples in 8-D: a rank-4 covariance with eigenvalues ~ -1e-16
+    s = np.cov(f, rowvar=False)
+    assert np.linalg.eigvalsh(s)[0] < 1e-12
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert frechet_distance(f.mean(0), s, f.mean(0), s) == pytest.approx(0, abs=1e-5)
+    monkeypatch.setattr(fidmod.linalg, "sqrtm", lambda a: np.full_like(a, np.nan))
+    with pytest.raises(DataError, match="not finite even with 1e-06"):
+        frechet_distance([0, 0], np.eye(2), [0, 0], np.eye(2))
+    monkeypatch.setattr(fidmod.linalg, "sqrtm", lambda a: np.eye(2) * (1 + 1j))
+    with pytest.raises(DataError, match="imaginary"):
+        frechet_distance([0, 0], np.eye(2), [0, 0], np.eye(2))
+
+
 def test_fid_from_features_equals_frechet_of_statistics():
     rng = np.random.default_rng(2)
     for n1, n2, d in [(10, 12, 32), (80, 90, 16)]:  # rank-deficient path and full-rank path

@@ -159,3 +159,75 @@ def test_volume_from_slices_roundtrip():
     np.testing.assert_array_equal(volume_from_slices(slices), vol)
     big = volume_from_slices(np.repeat(np.repeat(slices, 2, axis=2), 2, axis=3), shape_xy=(7, 9))
     assert big.shape == vol.shape
+
+
+# ------------------------------------------------------------------ nonsense input is a clear error
+@pytest.mark.parametrize("metric", [psnr, ssim, ev.psnr, ev.ssim])
+@pytest.mark.parametrize("data_range", [0, -1, -255.0, float("nan"), float("inf"), "255", None, True])
+def test_data_range_must_be_a_positive_number(metric, data_range):
+    p, t = pair((16, 16))
+    with pytest.raises(ShapeError, match="data_range must be a .*number > 0.*255 for uint8"):
+        metric(p, t, data_range=data_range)
+
+
+@pytest.mark.parametrize("metric", [psnr, ssim])
+def test_images_on_the_wrong_scale_are_errors(metric):
+    p, t = pair((2, 1, 16, 16), 6)
+    pf, tf = p / 255.0, t / 255.0
+    # float images in [0, 1] with the uint8 default data_range=255
+    with pytest.raises(ShapeError, match=r"float images in \[0, 1\] but data_range=255.*data_range=1.0"):
+        metric(pf, tf)
+    with pytest.raises(ShapeError, match=r"data_range=255"):
+        metric(torch.from_numpy(pf).float(), torch.from_numpy(tf).float())
+    # one image in [0, 1], the other 0..255 (either way round, numpy or torch)
+    with pytest.raises(ShapeError, match=r"pred is a float image in \[0, 1\].*target \(uint8\).*different scales"):
+        metric(pf, t)
+    with pytest.raises(ShapeError, match=r"target is a float image in \[0, 1\].*pred \(uint8\).*different scales"):
+        metric(p, tf, data_range=1.0)
+    with pytest.raises(ShapeError, match="different scales"):
+        metric(torch.from_numpy(pf).float(), torch.from_numpy(t))
+    # uint8 images scored with a float data range
+    with pytest.raises(ShapeError, match=r"span 0\.\.255, wider than data_range=1"):
+        metric(p, t, data_range=1.0)
+    # non-finite pixels
+    bad = pf.copy()
+    bad[0, 0, 3, 3] = np.nan
+    with pytest.raises(ShapeError, match="pred holds 1 NaN/inf"):
+        metric(bad, tf, data_range=1.0)
+    # no images at all
+    with pytest.raises(ShapeError, match="no pixels"):
+        metric(p[:0], t[:0])
+
+
+def test_legitimate_mixed_dtypes_and_ranges_still_work():
+    p, t = pair((2, 3, 16, 16), 7)
+    # uint8 against float on the same 0..255 scale (e.g. a mean of samples): same numbers as uint8
+    assert psnr(p.astype(np.float32), t) == pytest.approx(psnr(p, t), rel=1e-12)
+    assert ssim(p, t.astype(np.float64)) == pytest.approx(ssim(p, t), rel=1e-12)
+    assert psnr(torch.from_numpy(p).float(), torch.from_numpy(t)) == pytest.approx(psnr(p, t), rel=1e-12)
+    # float images in [0, 1] with data_range=1 (a numpy scalar too); a data_range wider than the values
+    assert ev.psnr(p / 255.0, t / 255.0, data_range=np.float64(1.0)) == pytest.approx(psnr(p, t), rel=1e-9)
+    dark_p, dark_t = p // 4, t // 4  # uint8 images that use only part of 0..255
+    assert psnr(dark_p, dark_t) == pytest.approx(peak_signal_noise_ratio(dark_t[0], dark_p[0], data_range=255) / 2
+                                                 + peak_signal_noise_ratio(dark_t[1], dark_p[1], data_range=255) / 2)
+    # bool images (binary masks) are images too
+    assert psnr(p > 127, t > 127, data_range=1) == pytest.approx(
+        np.mean([peak_signal_noise_ratio((t[i] > 127).astype(float), (p[i] > 127).astype(float), data_range=1)
+                  for i in range(2)]))
+    # an all-black float prediction is on every scale (a blank fill scored against 0..255 floats)
+    black = np.zeros_like(t, dtype=np.float64)
+    assert psnr(black, t.astype(np.float64)) == pytest.approx(psnr(np.zeros_like(t), t), rel=1e-12)
+
+
+def test_atom_bond_accuracy_of_no_images_is_an_error():
+    """0 images used to give 0.0 for every metric (as if all failed); now a ShapeError, before OSRA runs."""
+    from imggen.eval import atoms
+    from imggen.errors import DataError
+    with pytest.raises(ShapeError, match="got 0 images"):
+        ev.atom_bond_accuracy(np.zeros((0, 1, 32, 32), np.uint8))
+    with pytest.raises(ShapeError, match="got 0 images"):
+        atoms.atom_bond_accuracy(np.zeros((0, 32, 32), np.uint8), smiles=[])
+    with pytest.raises(ShapeError, match="0 images"):
+        atoms._summarise([], None, False)
+    with pytest.raises(DataError, match="no reference SMILES"):
+        atoms.calibrate([], 32, 32)

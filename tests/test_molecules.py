@@ -181,3 +181,40 @@ def test_shipped_sample_via_registry(tmp_path):
     assert s.info["kept"] + s.info["too_large"] + s.info["invalid"] == 300
     assert s.info["kept"] > 100  # the demo style keeps a usable share of MOSES molecules
     assert "MIT" in s.info["licence"]
+
+
+def _record_bars(monkeypatch) -> list:
+    """(desc, disable) of every tqdm bar created from now on."""
+    import tqdm
+    seen, orig = [], tqdm.tqdm
+
+    class Recording(orig):
+        def __init__(self, *a, **k):
+            seen.append((k.get("desc"), k.get("disable")))
+            super().__init__(*a, **k)
+    monkeypatch.setattr(tqdm, "tqdm", Recording)
+    return seen
+
+
+@pytest.mark.parametrize("flags, disabled", [(["--no-progress"], True), ([], False)])
+def test_train_no_progress_reaches_the_molecule_drawing_bar(tmp_path, monkeypatch, flags, disabled):
+    """train.py --no-progress used to leave the 'drawing molecules' bar of the data loading on."""
+    import imggen.training
+    from imggen.cli import train_main
+
+    p = tmp_path / "m.csv"
+    p.write_text("smiles\n" + "".join(f"{s}\n" for s in SMILES * 3))
+    monkeypatch.setenv("IMGGEN_CACHE", str(tmp_path / "cache"))  # empty cache: the molecules are drawn
+    seen = _record_bars(monkeypatch)
+
+    class Loaded(Exception):
+        pass
+
+    def stop(*a, **k):  # training builds its logger right after the data loads: stop there
+        raise Loaded
+    monkeypatch.setattr(imggen.training, "Logger", stop)
+    with pytest.raises(Loaded):
+        train_main(["--preset", "demo", "--data", f"molecules:{p}", "--out", str(tmp_path / "run"),
+                    "--threads", "1", *flags])
+    bars = [d for desc, d in seen if desc and desc.startswith("drawing molecules")]
+    assert bars == [disabled]
