@@ -113,26 +113,46 @@ def run_cli(kind: str, result_path: str, argv: list[str]) -> int:
     return rc
 
 
+def build_parser():
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="gpu_smoke.py", description=__doc__.split("\n\n")[0],
+                                 epilog="train / sample take their CLI's arguments after a '--', e.g. "
+                                        "gpu_smoke.py train res.json -- --preset cifar --steps 10 --out runs/smoke")
+    sub = ap.add_subparsers(dest="kind", metavar="{data,train,sample}", required=True)
+    d = sub.add_parser("data", help="write a fake CIFAR-10 folder (cifar-10-batches-py) in the real pickle format",
+                       description="Write DIR/cifar-10-batches-py: 5 training batches, test_batch and batches.meta "
+                                   "of generated 32x32 images in the official python-pickle format.")
+    d.add_argument("dir", help="folder to write cifar-10-batches-py into")
+    d.add_argument("--per-batch", type=int, default=64, help="images per batch file (default 64)")
+    d.add_argument("--seed", type=int, default=0, help="seed of the generated images (default 0)")
+    for kind in ("train", "sample"):
+        p = sub.add_parser(kind, help=f"run {kind}.py in this process and record time and peak GPU memory",
+                           description=f"Run {kind}.py with the arguments after '--' (exactly as python {kind}.py "
+                                       f"... would; IMGGEN_BACKEND picks the backend) and write RESULT.json: exit "
+                                       f"code, wall seconds, peak GPU memory and the error, if any.",
+                           usage=f"gpu_smoke.py {kind} [-h] RESULT.json -- [{kind}.py arguments ...]")
+        p.add_argument("result", metavar="RESULT.json", help="where to write the JSON record")
+    return ap
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = __doc__.split("\n\n")[1]
-    if not argv or argv[0] not in ("data", "train", "sample"):
-        print(usage, file=sys.stderr)
-        return 2
-    kind = argv.pop(0)
-    if kind == "data":
-        import argparse
-        ap = argparse.ArgumentParser(prog="gpu_smoke.py data")
-        ap.add_argument("dir")
-        ap.add_argument("--per-batch", type=int, default=64)
-        ap.add_argument("--seed", type=int, default=0)
-        a = ap.parse_args(argv)
+    ap = build_parser()
+    # train / sample: everything after the first '--' belongs to train.py / sample.py
+    head, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, None)
+    a = ap.parse_args(head)  # --help, unknown commands and missing arguments: argparse, exit code 2
+    if a.kind == "data":
+        if rest is not None:
+            ap.error("data takes no '--' arguments")
+        if a.per_batch < 1:
+            ap.error(f"argument --per-batch: must be >= 1, got {a.per_batch}")
         print(write_fake_cifar(a.dir, a.per_batch, a.seed))
         return 0
-    if len(argv) < 2 or argv[1] != "--":
-        print(usage, file=sys.stderr)
-        return 2
-    return run_cli(kind, argv[0], argv[2:])
+    if rest is None:
+        ap.error(f"{a.kind} needs '--' and then the {a.kind}.py arguments: "
+                 f"gpu_smoke.py {a.kind} RESULT.json -- [{a.kind}.py arguments]")
+    return run_cli(a.kind, a.result, rest)
 
 
 if __name__ == "__main__":

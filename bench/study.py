@@ -51,6 +51,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, ROOT)
 
+from imggen.attention import BACKENDS  # noqa: E402
 from imggen.decode import make_caches  # noqa: E402
 from imggen.config import Config, DataConfig, ModelConfig, TrainConfig  # noqa: E402
 from imggen.errors import TrainingError  # noqa: E402
@@ -126,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite study.md from OUT/study_grids/study.json (same other flags as the run) without training")
     ap.add_argument("--device", default=None, help="torch device (default cuda when available)")
-    ap.add_argument("--backend", default="auto", choices=["auto", "cpu", "triton", "reference"])
+    ap.add_argument("--backend", default="auto", choices=BACKENDS,
+                    help="attention backend (default auto: triton on CUDA after its self-check, else flex; cpu on "
+                         "CPU). flex trains on CUDA only: FlexAttention has no CPU backward")
     ap.add_argument("--threads", type=int, help="torch CPU threads (0 = torch default; --quick: 1). On a CPU shared "
                     "with other busy processes use 1: oversubscribed OpenMP threads can run 100x slower")
     return ap
@@ -153,6 +156,9 @@ def resolve_args(argv=None) -> argparse.Namespace:
     args.batch_map = per_setting(args.batch_size, every, "batch-size")
     args.test_map = per_setting(args.test_images, every, "test-images")
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.backend == "flex" and not args.device.startswith("cuda") and not args.report_only:
+        raise SystemExit(f"study.py: error: --backend flex cannot train on {args.device}: FlexAttention has no CPU "
+                         f"backward; use --backend cpu (or auto) on CPU, or --device cuda")
     return args
 
 

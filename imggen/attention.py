@@ -62,7 +62,7 @@ def _run(backend, q, k, v, pattern, kw):
     if backend == "flex":
         from imggen.flex import flex_attention
         return flex_attention(q, k, v, pattern)
-    raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    raise ConfigError(f"unknown backend {backend!r} (argument backend); choose one of {', '.join(BACKENDS)}")
 
 
 def reference_attention(q, k, v, pattern: Pattern) -> torch.Tensor:
@@ -92,8 +92,8 @@ def on_gpu(q: torch.Tensor) -> bool:
 
 def resolve_backend(backend: str, q: torch.Tensor, pattern: Pattern) -> str:
     """The backend a call runs on: IMGGEN_BACKEND, else `backend`, with `auto` resolved."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r} (argument backend); choose one of {', '.join(BACKENDS)}")
     backend = forced_backend() or backend
     if backend != "auto":
         return backend

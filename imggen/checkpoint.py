@@ -218,17 +218,37 @@ def _warn_skipped(run_dir: str, found: str | None, notes: list[str]) -> None:
                    + (f"; using {os.path.basename(found)}" if found else "; no intact checkpoint left"))
 
 
-def resolve(path: str) -> str:
-    """A run dir, a checkpoint dir or a model.safetensors file -> an intact checkpoint directory.
+ACCEPTS = ("a run directory written by train.py (e.g. runs/demo), its checkpoints folder or LATEST file, "
+           "or one of its checkpoints/step_* folders (or the model.safetensors in one)")
 
-    A run dir gives its newest intact checkpoint (`find_checkpoint`); a checkpoint dir named
-    directly must itself verify. Anything else is a CheckpointError.
+
+def resolve(path) -> str:
+    """A run dir, its `checkpoints` folder or `checkpoints/LATEST` file, a checkpoint dir or the
+    model.safetensors (or config.json) file in one -> an intact checkpoint directory.
+
+    A run dir (or its checkpoints folder / LATEST) gives its newest intact checkpoint, LATEST first
+    (`find_checkpoint`); a checkpoint dir named directly must itself verify. Anything else is a
+    CheckpointError naming the path given and what is accepted.
     """
+    if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
+        raise CheckpointError(f"checkpoint path must be a str or os.PathLike, got {path!r} "
+                              f"({type(path).__name__}); pass {ACCEPTS}")
+    given = path = os.fspath(path)
+    if not path:
+        raise CheckpointError(f"checkpoint path is empty; pass {ACCEPTS}")
     if not os.path.exists(path):
-        raise CheckpointError(f"checkpoint {path} does not exist; pass a run directory written by train.py "
-                              f"(e.g. runs/demo) or one of its checkpoints/step_* folders")
+        raise CheckpointError(f"checkpoint {path} does not exist; pass {ACCEPTS}")
     if os.path.isfile(path):
-        path = os.path.dirname(os.path.abspath(path))
+        name, folder = os.path.basename(path), os.path.dirname(os.path.abspath(path))
+        if name == "LATEST" and os.path.basename(folder) == "checkpoints":
+            path = os.path.dirname(folder)  # the run: LATEST first, then the newest intact step_*
+        elif name in ("model.safetensors", "config.json", "state.pt", MANIFEST):
+            path = folder  # a file of a checkpoint (or the run's config.json)
+        else:
+            raise CheckpointError(f"checkpoint {given} is a file, not a run or checkpoint folder; pass {ACCEPTS}")
+    elif os.path.basename(os.path.abspath(path)) == "checkpoints" and not any(
+            os.path.exists(os.path.join(path, name)) for name in ("checkpoints", "model.safetensors")):
+        path = os.path.dirname(os.path.abspath(path))  # RUN/checkpoints -> RUN
     if os.path.isdir(os.path.join(path, "checkpoints")):
         found, notes = _search(path)
         if found is None:
@@ -238,8 +258,9 @@ def resolve(path: str) -> str:
         _warn_skipped(path, found, notes)
         return found
     if not os.path.exists(os.path.join(path, "model.safetensors")):
-        raise CheckpointError(f"no model.safetensors under {path}; is it a run directory that has saved a "
-                              f"checkpoint yet?")
+        what = f"{given} (from {path})" if os.path.abspath(given) != os.path.abspath(path) else given
+        raise CheckpointError(f"no model.safetensors under {what} and no checkpoints folder: neither a checkpoint "
+                              f"nor a run that has saved one yet; pass {ACCEPTS}")
     why = verify(path)
     if why is not None:
         raise CheckpointError(f"checkpoint {path} is corrupt: {why}; pass its run directory to fall back to "
@@ -296,8 +317,9 @@ def load_state(ckpt_dir: str, map_location=None) -> dict:
     return torch.load(path, map_location=map_location, weights_only=False)
 
 
-def load_model(path: str, device: str | torch.device = "cpu", backend: str | None = None):
-    """Restore a model (config + weights) from a run dir, checkpoint dir or safetensors file."""
+def load_model(path, device: str | torch.device = "cpu", backend: str | None = None):
+    """Restore a model (config + weights) from a run dir, its checkpoints folder or LATEST file, a
+    checkpoint dir or its model.safetensors (`resolve`); anything else is a CheckpointError."""
     from imggen.model import ImageTransformer
 
     ckpt = resolve(path)

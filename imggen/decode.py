@@ -10,6 +10,10 @@ preallocated slots updated in place; `positions[slot]` records which token posit
     diffuser: sinks and random keys stay until their last reader);
   - "all": one slot per position (full, column heads); `keep_all=True` gives any pattern this
     full-cache baseline with the same code;
+  - never more than that baseline: where a ring or interval layout would take more bytes than
+    keeping everything (its slots + slot plan + read plan; e.g. bigbird on short sequences, whose
+    window, sinks and random blocks cover nearly every position) the cache keeps everything
+    (`NEVER_LARGER`); slot buffers never exceed the sequence length in any layout;
 * what query t reads: every held slot when all are readable (a band ring); else a `ReadPlan`
   computed from `pattern.allowed` for the next steps at once (as many as fit in the bytes of the
   cache's own k and v, at most PLAN_STEPS): the exact readable slots,
@@ -37,10 +41,14 @@ import torch
 from imggen import attention
 from imggen.attention import forced_backend, within_floor
 from imggen.blocked import additive_mask
-from imggen.errors import ShapeError
+from imggen.errors import ConfigError, ShapeError
 from imggen.patterns import Pattern
 
 DEBUG = os.environ.get("IMGGEN_CACHE_DEBUG", "") not in ("", "0")
+CACHE_KINDS = ("evict", "full", "auto")  # make_caches: memory-bounded, keep everything, the default (evict)
+# an evicting cache whose layout (slots + slot plan + read plan) would take more bytes than keeping
+# every position uses the keep-all layout instead (tests turn this off to exercise eviction on tiny models)
+NEVER_LARGER = True
 
 
 # --------------------------------------------------------------------------------- attention
@@ -135,7 +143,7 @@ def slot_plan(pattern: Pattern, n: int, heads: int, policy: str) -> SlotPlan:
         cap = int((last - t).max()) + 1
         return SlotPlan(cap, t % cap, np.minimum(t + 1, cap), last)
     if policy != "interval":
-        raise ValueError(f"unknown slot policy {policy!r}")
+        raise ConfigError(f"slot_policy={policy!r}: unknown decode slot policy; choose one of all, ring, interval")
     # position t takes a slot freed by some j with last[j] < t (FIFO: a pure window becomes a ring)
     slots, hi = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     live: list[tuple[int, int]] = []
@@ -207,26 +215,25 @@ def read_plan(pattern: Pattern, n: int, heads: int, plan: SlotPlan, t0: int, t1:
 class Cache:
     def __init__(self, pattern: Pattern, batch: int, heads: int, head_dim: int, n: int, device=None,
                  dtype=torch.float32, keep_all: bool = False):
-        self.pattern, self.batch, self.heads, self.n, self.keep_all = pattern, batch, heads, n, keep_all
-        self.policy = "all" if keep_all else pattern.slot_policy
-        self.plan = slot_plan(pattern, n, heads, self.policy)
-        self.capacity = cap = self.plan.capacity
-        self._slots, self._hi = self.plan.slots.tolist(), self.plan.hi.tolist()
+        self.pattern, self.batch, self.heads, self.n = pattern, batch, heads, n
+        self.tables = {k: t.to(device) for k, t in pattern.lookup_tables(n, heads).items()}
+        es = torch.empty((), dtype=dtype).element_size()
+        self._layout("all" if keep_all else pattern.slot_policy, keep_all, batch, head_dim, es)
+        full = self._buffer_nbytes(n, batch, head_dim, es)  # what the keep-all cache takes
+        if NEVER_LARGER and not keep_all and self.policy != "all" and self._larger_than(full, batch, head_dim, es):
+            # eviction saves nothing here (e.g. short sequences, where bigbird's window, sinks and
+            # random blocks cover nearly every position) and its slot and read plans would make the
+            # cache larger than keeping everything: keep everything, never more than the full cache
+            self._layout("all", True, batch, head_dim, es)
+        self.keep_all = self.policy == "all" and not self.planned  # the keep-all layout, asked for or chosen
+        cap = self.capacity
         shape = (batch, heads, cap, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.z = torch.zeros((pattern.steps - 1, *shape), device=device, dtype=dtype) if pattern.is_diffusion else None
         self.positions = torch.full((cap,), -1, dtype=torch.long, device=device)
-        self.tables = {k: t.to(self.positions.device) for k, t in pattern.lookup_tables(n, heads).items()}
-        band = pattern.band()
-        # a ring no longer than a band of period 1 holds only positions its query may read
-        self.unmasked = self.policy == "ring" and band is not None and band.period == 1 and cap <= band.width
-        self.planned = not (self.unmasked or keep_all)  # read plans (else: all slots, or masks per step)
+        self._slots, self._hi = self.plan.slots.tolist(), self.plan.hi.tolist()
         self.reads: ReadPlan | None = None
-        # a read plan costs up to (index + bias) bytes per step, head table and slot: hold no more
-        # steps than fit in the bytes of k and v, so the plan never outweighs the cache it reads
-        per_step = pattern.head_count(heads) * cap * (8 + self.k.element_size())
-        self.plan_steps = min(PLAN_STEPS, max(MIN_PLAN_STEPS, 2 * self.k.numel() * self.k.element_size() // per_step))
         self.debug = DEBUG
         if self.debug:
             self._true_last = true_last_reads(pattern, n, heads)
@@ -234,16 +241,56 @@ class Cache:
             assert len(bad) == 0, f"{pattern.name}: last_reads underestimates keys {bad[:10].tolist()}"
             self._must_hold = pattern.masks(n, heads).any(0)
 
+    def _layout(self, policy: str, keep_all: bool, batch: int, head_dim: int, es: int) -> None:
+        """Slot plan, capacity and read mode of `policy`; keep_all: the keep-all baseline (policy
+        "all", masks per step, no read plans)."""
+        pattern, heads = self.pattern, self.heads
+        self.policy = policy
+        self.plan = slot_plan(pattern, self.n, heads, policy)
+        self.capacity = cap = self.plan.capacity
+        band = pattern.band()
+        # a ring no longer than a band of period 1 holds only positions its query may read
+        self.unmasked = policy == "ring" and band is not None and band.period == 1 and cap <= band.width
+        self.planned = not (self.unmasked or keep_all)  # read plans (else: all slots, or masks per step)
+        # a read plan costs up to (index + bias) bytes per step, head table and slot: hold no more
+        # steps than fit in the bytes of k and v, so the plan never outweighs the cache it reads
+        per_step = pattern.head_count(heads) * cap * (8 + es)
+        self.plan_steps = min(PLAN_STEPS, max(MIN_PLAN_STEPS, 2 * batch * heads * cap * head_dim * es // per_step))
+        self._reads_nbytes: int | None = None
+
+    def _buffer_nbytes(self, cap: int, batch: int, head_dim: int, es: int) -> int:
+        """k, v (+ Z1..Z(K-1)) of `cap` slots and their positions."""
+        n_bufs = 2 + (self.pattern.steps - 1 if self.pattern.is_diffusion else 0)
+        return n_bufs * batch * self.heads * cap * head_dim * es + cap * 8
+
+    def _larger_than(self, limit: int, batch: int, head_dim: int, es: int) -> bool:
+        """Whether `nbytes` of the current layout would exceed `limit` (decided before any buffer
+        exists; the first read plan is built only when its upper bound does not decide)."""
+        fixed = self._buffer_nbytes(self.capacity, batch, head_dim, es) + self._plan_nbytes()
+        if fixed > limit or not self.planned:
+            return fixed > limit
+        bound = min(self.n, self.plan_steps) * self.pattern.head_count(self.heads) * self.capacity * (8 + 4)
+        return fixed + bound > limit and fixed + self._first_reads_nbytes() > limit
+
+    def _plan_nbytes(self) -> int:
+        """The slot plan of an interval allocation (slots, hi, last: 8 bytes per position each)."""
+        return 0 if self.policy != "interval" else 3 * self.n * 8
+
+    def _first_reads_nbytes(self) -> int:
+        """Bytes of the read plan of the first `plan_steps` steps (computed once)."""
+        if self._reads_nbytes is None:
+            self._reads_nbytes = read_plan(self.pattern, self.n, self.heads, self.plan, 0,
+                                           min(self.n, self.plan_steps), self.tables).nbytes()
+        return self._reads_nbytes
+
     def nbytes(self) -> int:
         """k, v (+ z) and positions buffers, the slot plan (8 bytes per position and table, interval
-        plans) and one read plan (the first `plan_steps` steps)."""
+        plans) and one read plan (the first `plan_steps` steps). A ring or interval layout is never
+        more than the keep-all cache of the same pattern and length (one that would be is not
+        used); a pattern whose own policy is "all" (column heads) adds its read plan to the same slots."""
         bufs = [self.k, self.v, self.positions] + ([self.z] if self.z is not None else [])
-        plan = 0 if self.policy != "interval" else 3 * self.n * 8
-        reads = 0
-        if self.planned:
-            reads = read_plan(self.pattern, self.n, self.heads, self.plan, 0, min(self.n, self.plan_steps),
-                              self.tables).nbytes()
-        return sum(b.numel() * b.element_size() for b in bufs) + plan + reads
+        reads = self._first_reads_nbytes() if self.planned else 0
+        return sum(b.numel() * b.element_size() for b in bufs) + self._plan_nbytes() + reads
 
     def key_bias(self, t: int, hi: int):
         """Additive (HL, hi) bias of query t over slots [0, hi), or None when all are readable."""
@@ -458,8 +505,9 @@ class Caches(list):
 
 def make_caches(model, batch: int, cache: str = "evict", device=None, dtype=None) -> Caches:
     """One cache per layer: 'evict' (memory-bounded, the default) or 'full' (keep everything)."""
-    if cache not in ("evict", "full", "auto"):
-        raise ValueError(f"cache must be 'evict' or 'full', got {cache!r}")
+    if not isinstance(cache, str) or cache not in CACHE_KINDS:
+        raise ConfigError(f"unknown cache kind {cache!r} (argument cache); choose one of {', '.join(CACHE_KINDS)} "
+                          f"('auto' = 'evict')")
     cfg = model.config
     device = device or next(model.parameters()).device
     dtype = dtype or next(model.parameters()).dtype

@@ -189,3 +189,39 @@ def test_set_aside_points_latest_at_the_newest_checkpoint_left(tmp_path):
     assert ck.set_aside(step_dir(tmp_path, 1))[1] is None
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_0000001.diverged", "step_0000002.diverged"]
     assert ck.find_checkpoint(str(tmp_path)) is None
+
+
+@pytest.mark.parametrize("bad", [None, 3, b"runs/demo", ["runs/demo"]])
+def test_load_model_of_a_non_path_is_checkpoint_error(bad):
+    with pytest.raises(CheckpointError, match=r"checkpoint path must be a str or os.PathLike, got .* run directory"):
+        ck.load_model(bad)
+
+
+def test_load_model_accepts_run_checkpoints_latest_step_and_safetensors(tmp_path):
+    import pathlib
+    save(tmp_path, 1, 0)
+    w2 = save(tmp_path, 2, 1)
+    ckpts = tmp_path / "checkpoints"
+    for path in (tmp_path, pathlib.Path(tmp_path), ckpts, str(ckpts) + os.sep, ckpts / "LATEST",
+                 step_dir(tmp_path, 2), os.path.join(step_dir(tmp_path, 2), "model.safetensors")):
+        assert ck.resolve(path) == step_dir(tmp_path, 2), path
+        assert same(ck.load_model(path).state_dict(), w2), path
+
+
+def test_load_model_of_a_wrong_path_names_that_path(tmp_path):
+    save(tmp_path, 1, 0)
+    other = tmp_path / "notes.txt"
+    other.write_text("hello")
+    with pytest.raises(CheckpointError) as e:
+        ck.load_model(str(other))
+    msg = str(e.value)
+    assert msg.startswith(f"checkpoint {other} is a file, not a run or checkpoint folder; pass a run directory")
+    assert "\n" not in msg and "model.safetensors" in msg
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match=f"no model.safetensors under {empty} and no checkpoints folder"):
+        ck.load_model(str(empty))
+    with pytest.raises(CheckpointError, match="checkpoint path is empty"):
+        ck.load_model("")
+    with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path / 'missing'} does not exist; pass a run"):
+        ck.load_model(tmp_path / "missing")

@@ -34,6 +34,9 @@ CASES = {
 @pytest.fixture(autouse=True)
 def debug_caches(monkeypatch):
     monkeypatch.setattr(dec, "DEBUG", True)
+    # these tiny models exercise the evicting layouts even where keeping everything would take fewer
+    # bytes (where make_caches then keeps everything: tests/test_study.py checks that choice)
+    monkeypatch.setattr(dec, "NEVER_LARGER", False)
 
 
 def _model(channels, seed=0, height=5, width=7, **kw):

@@ -233,3 +233,145 @@ def test_sample_governor_uses_a_second_core_only_for_large_idle_batches_or_model
     finally:
         T._current = None
         torch.set_num_threads(old)
+
+
+# ---------------------------------------------------------------- pattern parameters, backends, caches
+BAD_PATTERN_PARAMS = [
+    ("band", dict(window=4.0), "window must be an integer >= 1, got 4.0"),
+    ("band", dict(window="7"), "window must be an integer >= 1, got '7' (str)"),
+    ("band", dict(window=True), "window must be an integer >= 1, got True (bool)"),
+    ("band", dict(window=None), "window must be an integer >= 1, got None (NoneType)"),
+    ("band", dict(window=0), "window must be an integer >= 1, got 0"),
+    ("local2d", dict(height=8, width=8, radius=1.5), "radius must be an integer >= 0, got 1.5"),
+    ("local2d", dict(height=8, width="8", radius=1), "width must be an integer >= 1, got '8' (str)"),
+    ("local2d", dict(height=8, width=8, shift=2), "shift must be an integer in [0, 1], got 2"),
+    ("bigbird", dict(block=32.0), "block must be an integer >= 1, got 32.0"),
+    ("bigbird", dict(random_blocks=False), "random_blocks must be an integer >= 0, got False (bool)"),
+    ("bigbird", dict(seed=-1), "seed (flag --pattern-seed) must be an integer >= 0, got -1"),
+    ("diffuser", dict(steps=2.5), "steps (flag --diffusion-steps) must be an integer >= 1, got 2.5"),
+    ("diffuser", dict(alpha="0.1"), "alpha must be a number in [0.0, 1.0], got '0.1' (str)"),
+    ("diffuser", dict(alpha=float("nan")), "alpha must be a number in [0.0, 1.0], got nan"),
+    ("diffuser", dict(global_tokens=[16]), "global_tokens must be an integer >= 0, got [16] (list)"),
+    ("strided", dict(stride=3.0), "stride must be an integer >= 1, got 3.0"),
+    ("column", dict(stride=0), "stride must be an integer >= 1, got 0"),
+    ("full", dict(layer=1.0), "layer must be an integer >= 0, got 1.0"),
+]
+
+
+@pytest.mark.parametrize("kind,params,message", BAD_PATTERN_PARAMS)
+def test_pattern_parameters_are_checked_up_front(kind, params, message):
+    """A float / str / bool / None where a pattern wants an int (or a value out of range) is one
+    ConfigError naming the pattern, the parameter, the value and what is accepted, raised when the
+    pattern is built, not deep inside its rule."""
+    from imggen.errors import ConfigError
+    with pytest.raises(ConfigError) as e:
+        imggen.make_pattern(kind, **params)
+    assert str(e.value) == f"{kind} pattern: {message}"
+
+
+def test_pattern_parameters_accept_what_configs_and_numpy_pass():
+    import numpy as np
+    assert imggen.make_pattern("band", window=np.int64(5)) == imggen.make_pattern("band", window=5)
+    assert type(imggen.make_pattern("band", window=np.int32(5)).window) is int
+    d = imggen.make_pattern("diffuser", alpha=1)  # JSON configs may hold 1 for 1.0
+    assert d.alpha == 1.0 and type(d.alpha) is float
+    # configs (flags are parsed to int, JSON ints stay int) build their patterns as before
+    from imggen.cli import config_from_args
+    cfg, _ = config_from_args(["--attention", "bigbird", "--block", "16", "--window-blocks", "2",
+                               "--pattern-seed", "3", "--out", "unused"])
+    assert [p.block for p in cfg.model.patterns()] == [16] * cfg.model.layers
+    cfg = Config.from_dict({"model": {"height": 8, "width": 8, "attention": "diffuser", "alpha": 0, "window": 5}})
+    assert cfg.validate().model.patterns()[0].alpha == 0.0
+    from imggen.errors import ConfigError
+    with pytest.raises(ConfigError, match="seed .flag --pattern-seed. must be an integer >= 0, got -2"):
+        ModelConfig(height=8, width=8, attention="bigbird", pattern_seed=-2).validate()
+
+
+def test_unknown_backend_and_cache_kind_are_config_errors():
+    from imggen.decode import make_caches
+    from imggen.errors import ConfigError
+    from imggen.model import ImageTransformer
+    q = torch.randn(1, 2, 8, 4)
+    p = imggen.make_pattern("band", window=3)
+    with pytest.raises(ConfigError, match=r"unknown backend 'gpu' .*choose one of reference, cpu, triton, flex, auto"):
+        imggen.sparse_attention(q, q, q, p, backend="gpu")
+    with pytest.raises(ConfigError, match="unknown backend None"):
+        imggen.sparse_attention(q, q, q, p, backend=None)
+    model = ImageTransformer(ModelConfig(height=4, width=4, channels=1, bits=4, dim=16, layers=1, heads=2,
+                                         attention="band"))
+    with pytest.raises(ConfigError, match=r"unknown cache kind 'evicted' .*choose one of evict, full, auto"):
+        make_caches(model, 1, "evicted")
+
+
+def test_flex_on_cpu_rejects_float64_in_one_line(monkeypatch):
+    """FlexAttention's CPU lowering takes float32 / float16 / bfloat16: float64 is a ShapeError
+    before anything is compiled (it used to fail inside Inductor with a long traceback)."""
+    import imggen.flex as F
+    monkeypatch.setattr(F, "_compiled", lambda: pytest.fail("compiled before the dtype check"))
+    q = torch.randn(1, 2, 40, 16, dtype=torch.float64)
+    with pytest.raises(ShapeError) as e, torch.no_grad():
+        imggen.sparse_attention(q, q, q, imggen.make_pattern("band", window=8), backend="flex")
+    msg = str(e.value)
+    assert "\n" not in msg and "float64" in msg and "float32, float16 or bfloat16" in msg and "reference" in msg
+
+
+def test_flex_warns_once_when_torch_stops_compiling(monkeypatch):
+    """torch.compile past its recompile limit runs FlexAttention un-compiled (dense, slow) and only
+    logs it: the flex backend turns that log record into one RuntimeWarning."""
+    import logging
+    import warnings
+    import imggen.flex as F
+
+    def fake_compiled_flex(q, k, v, block_mask):  # what dynamo does at the limit: log, run eagerly
+        logging.getLogger(F._DYNAMO_LOG).warning("torch._dynamo hit config.%s (%s)\n   function: x",
+                                                 "recompile_limit", 1)
+        return v
+
+    monkeypatch.setattr(F, "_compiled", lambda: fake_compiled_flex)
+    monkeypatch.setattr(F, "_warned_limit", False)
+    q = torch.randn(1, 2, 40, 16)
+    with warnings.catch_warnings(record=True) as w, torch.no_grad():
+        warnings.simplefilter("always")
+        for window in (8, 9, 10):
+            imggen.sparse_attention(q, q, q, imggen.make_pattern("band", window=window), backend="flex")
+    ours = [str(x.message) for x in w if str(x.message).startswith("imggen:")]
+    assert len(ours) == 1 and "recompile_limit" in ours[0] and "un-compiled" in ours[0], ours
+    assert not logging.getLogger(F._DYNAMO_LOG).filters  # the watch is removed after each call
+
+
+@pytest.mark.slow
+def test_flex_recompile_limit_warning_from_real_torch_compile():
+    """The real thing, in its own process (dynamo's limit is global): a limit of 1 and three band
+    windows; the results stay right and one imggen warning says compiling stopped."""
+    code = """if 1:
+        import warnings, torch, torch._dynamo, imggen
+        from imggen import flex
+        flex._compiled()
+        torch._dynamo.config.recompile_limit = 1
+        q = torch.randn(1, 2, 40, 16)
+        with warnings.catch_warnings(record=True) as w, torch.no_grad():
+            warnings.simplefilter("always")
+            for win in (8, 9, 10):
+                p = imggen.make_pattern("band", window=win)
+                o = imggen.sparse_attention(q, q, q, p, backend="flex")
+                ref = imggen.sparse_attention(q.double(), q.double(), q.double(), p, backend="reference")
+                err = float((o.double() - ref).abs().max())
+                assert err <= 1e-4, (win, err)
+        print(sum(str(x.message).startswith("imggen: torch.compile stopped compiling FlexAttention") for x in w))
+    """
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=ENV, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "1", r.stdout + r.stderr[-2000:]
+
+
+def test_flex_on_cpu_is_right_at_lengths_torch_gets_wrong():
+    """torch's compiled CPU FlexAttention returned wrong rows at N = 40 and 104 (head dim 16); the
+    flex backend pads to whole blocks on CPU."""
+    p = imggen.make_pattern("band", window=8)
+    for n in (40, 104):
+        q, k, v = (torch.randn(2, 3, n, 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
+        with torch.no_grad():
+            got = imggen.sparse_attention(q, k, v, p, backend="flex")
+        ref = imggen.sparse_attention(q.double(), k.double(), v.double(), p, backend="reference")
+        assert got.shape == q.shape and got.is_contiguous()
+        assert float((got.double() - ref).abs().max()) <= 1e-5, n

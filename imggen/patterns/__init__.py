@@ -21,8 +21,9 @@ __all__ = ["PATTERNS", "BandShape", "BlockPlan", "KernelLayout", "KernelRule", "
 
 
 def make_pattern(kind: str, **params) -> Pattern:
-    """Build a pattern by name: full, band, local2d, bigbird, diffuser, strided, column."""
-    if kind not in PATTERNS:
+    """Build a pattern by name: full, band, local2d, bigbird, diffuser, strided, column. Every
+    parameter's type and range is checked up front (`base.check_params`): a ConfigError naming it."""
+    if not isinstance(kind, str) or kind not in PATTERNS:
         raise ConfigError(f"unknown attention pattern {kind!r}; choose one of {', '.join(PATTERNS)}")
     cls = PATTERNS[kind]
     names = {f.name for f in dataclasses.fields(cls)}
@@ -51,7 +52,7 @@ def config_params() -> dict[str, dict]:
 
 def pattern_for_image(kind: str, height: int, width: int, channels: int, values: dict) -> Pattern:
     """The pattern `kind` for an image size, from config values (name -> value, None = default)."""
-    if kind not in PATTERNS:
+    if not isinstance(kind, str) or kind not in PATTERNS:
         raise ConfigError(f"unknown attention pattern {kind!r}; choose one of {', '.join(PATTERNS)}")
     cls = PATTERNS[kind]
     params = cls.image_defaults(height, width, channels)

@@ -28,13 +28,14 @@ import dataclasses
 import enum
 import functools
 import math
+import numbers
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 import numpy as np
 import torch
 
-from imggen.errors import ShapeError
+from imggen.errors import ConfigError, ShapeError
 
 Ranges = list[tuple[int, int]]
 PATTERNS: dict[str, type["Pattern"]] = {}
@@ -106,15 +107,60 @@ def _merge(ranges: Ranges, hi: int) -> Ranges:
     return out
 
 
-def param(default, help: str, config: str | None = None, auto: bool = False):
+def param(default, help: str, config: str | None = None, auto: bool = False, low=None, high=None):
     """A pattern parameter: `help` for --help, `config` = its ModelConfig / flag name when it
-    differs, `auto` = its default depends on the image size (see `image_defaults`)."""
-    return dataclasses.field(default=default, metadata={"help": help, "config": config, "auto": auto})
+    differs, `auto` = its default depends on the image size (see `image_defaults`), `low` /
+    `high` = the accepted range (inclusive; checked with the type when the pattern is built)."""
+    return dataclasses.field(default=default, metadata={"help": help, "config": config, "auto": auto,
+                                                        "low": low, "high": high})
 
 
-def geometry(default=0):
+def geometry(default=0, low=None, high=None):
     """A parameter the model derives from the image (height, width, ...): not a config field."""
-    return dataclasses.field(default=default, metadata={"geometry": True})
+    return dataclasses.field(default=default, metadata={"geometry": True, "low": low, "high": high})
+
+
+def _field_type(f: dataclasses.Field) -> str:
+    """'int', 'float' or another name: the annotation of a pattern field (a string under
+    `from __future__ import annotations`, else the type)."""
+    return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+
+
+def _accepted(typ: str, low, high) -> str:
+    what = "an integer" if typ == "int" else "a number"
+    if low is not None and high is not None:
+        return f"{what} in [{low}, {high}]"
+    if low is not None:
+        return f"{what} >= {low}"
+    return what if high is None else f"{what} <= {high}"
+
+
+def check_params(pattern: "Pattern") -> None:
+    """Type and range of every int / float field of `pattern`, before anything uses them: a bool,
+    a float for an int (4.0 too), a string, NaN or a value outside the field's `low`..`high` is a
+    one-line ConfigError naming the pattern, the parameter (and its config flag), the value and
+    what is accepted. Integral numbers (numpy ints) become int, reals become float."""
+    for f in dataclasses.fields(pattern):
+        typ = _field_type(f)
+        if typ not in ("int", "float"):
+            continue
+        v = getattr(pattern, f.name)
+        low, high = f.metadata.get("low"), f.metadata.get("high")
+        if typ == "int":
+            ok = isinstance(v, numbers.Integral) and not isinstance(v, bool)
+        else:
+            ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+        if ok:
+            v = int(v) if typ == "int" else float(v)
+            ok = (low is None or v >= low) and (high is None or v <= high)
+        if not ok:
+            flag = f.metadata.get("config") or (None if f.metadata.get("geometry") else f.name)
+            where = f" (flag --{flag.replace('_', '-')})" if flag and flag != f.name else ""
+            got = f"{v!r}" + ("" if isinstance(v, (int, float)) and not isinstance(v, bool)
+                              else f" ({type(v).__name__})")
+            raise ConfigError(f"{pattern.name or type(pattern).__name__} pattern: {f.name}{where} must be "
+                              f"{_accepted(typ, low, high)}, got {got}")
+        object.__setattr__(pattern, f.name, v)  # frozen dataclass: normalise numpy ints etc.
 
 
 @dataclass(frozen=True)
@@ -123,7 +169,7 @@ class Pattern:
     heads_differ: ClassVar[bool] = False     # True when the rule depends on the head
     is_diffusion: ClassVar[bool] = False     # diffuser semantics (see imggen.attention)
     slot_policy: ClassVar[str] = "interval"  # decode caches: "ring", "interval" or "all"
-    layer: int = dataclasses.field(default=0, kw_only=True, metadata={"geometry": True})
+    layer: int = dataclasses.field(default=0, kw_only=True, metadata={"geometry": True, "low": 0})
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -131,10 +177,12 @@ class Pattern:
             PATTERNS[cls.name] = cls
 
     def __post_init__(self):
+        check_params(self)  # types and ranges first: `validate` and every method may rely on them
         self.validate()
 
     def validate(self) -> None:
-        """Raise ConfigError on bad parameters."""
+        """Raise ConfigError on bad parameters beyond the types and `low` / `high` ranges of the
+        fields (which `check_params` checks first)."""
 
     # ---- definition ---------------------------------------------------------------------
     def rule(self, i: torch.Tensor, j: torch.Tensor, head, tables=None) -> torch.Tensor:

@@ -6,8 +6,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from imggen.errors import ConfigError
-
 from .base import BandShape, KernelRule, KernelSpec, Pattern, geometry, param
 
 
@@ -27,20 +25,15 @@ class Local2D(Pattern):
 
     name = "local2d"
     slot_policy = "ring"
-    height: int = geometry(32)
-    width: int = geometry(32)
-    channels: int = geometry(1)
-    radius: int = param(3, "local2d neighbourhood radius in pixels")
-    shift: int = geometry(0)
+    height: int = geometry(32, low=1)
+    width: int = geometry(32, low=1)
+    channels: int = geometry(1, low=1)
+    radius: int = param(3, "local2d neighbourhood radius in pixels", low=0)
+    shift: int = geometry(0, low=0, high=1)
 
     @classmethod
     def image_defaults(cls, height, width, channels):
         return {"height": height, "width": width, "channels": channels, "shift": 1}
-
-    def validate(self):
-        if min(self.height, self.width, self.channels) < 1 or self.radius < 0 or self.shift not in (0, 1):
-            raise ConfigError(f"local2d needs height, width, channels >= 1, radius >= 0 and shift in (0, 1); "
-                              f"got {self}")
 
     def max_length(self):
         return self.height * self.width * self.channels

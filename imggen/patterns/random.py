@@ -7,8 +7,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from imggen.errors import ConfigError
-
 from .base import KernelRule, KernelSpec, Pattern, param, random_hit, random_table, rng
 
 SEED = "seed of the random edges of bigbird / diffuser"
@@ -60,11 +58,11 @@ class BigBird(_RandomEdges):
     """
 
     name = "bigbird"
-    block: int = param(64, BLOCK, auto=True)
-    window_blocks: int = param(3, "bigbird sliding-window blocks (current block included)")
-    global_blocks: int = param(1, "bigbird global (sink) blocks")
-    random_blocks: int = param(2, "bigbird random blocks per query block")
-    seed: int = param(0, SEED, config="pattern_seed")
+    block: int = param(64, BLOCK, auto=True, low=1)
+    window_blocks: int = param(3, "bigbird sliding-window blocks (current block included)", low=1)
+    global_blocks: int = param(1, "bigbird global (sink) blocks", low=0)
+    random_blocks: int = param(2, "bigbird random blocks per query block", low=0)
+    seed: int = param(0, SEED, config="pattern_seed", low=0)
 
     @property
     def random_width(self):
@@ -73,10 +71,6 @@ class BigBird(_RandomEdges):
     @classmethod
     def image_defaults(cls, height, width, channels):
         return {"block": default_block(width, channels)}
-
-    def validate(self):
-        if self.block < 1 or self.window_blocks < 1 or self.global_blocks < 0 or self.random_blocks < 0:
-            raise ConfigError(f"bigbird needs block >= 1, window_blocks >= 1, global/random_blocks >= 0; got {self}")
 
     @functools.lru_cache(maxsize=4096)
     def random_of(self, qb, head):
@@ -125,13 +119,13 @@ class Diffuser(_RandomEdges):
     name = "diffuser"
     is_diffusion = True
     window: int = param(64, "band/diffuser window in tokens (default: two rows for band, one for diffuser)",
-                        auto=True)
-    global_tokens: int = param(16, "diffuser global (sink) tokens (default: one row)", auto=True)
-    random_edges: int = param(8, "diffuser random keys per query block")
-    steps: int = param(5, "diffuser diffusion steps K", config="diffusion_steps")
-    alpha: float = param(0.1, "diffuser restart probability alpha")
-    seed: int = param(0, SEED, config="pattern_seed")
-    block: int = param(64, BLOCK, auto=True)
+                        auto=True, low=1)
+    global_tokens: int = param(16, "diffuser global (sink) tokens (default: one row)", auto=True, low=0)
+    random_edges: int = param(8, "diffuser random keys per query block", low=0)
+    steps: int = param(5, "diffuser diffusion steps K", config="diffusion_steps", low=1)
+    alpha: float = param(0.1, "diffuser restart probability alpha", low=0.0, high=1.0)
+    seed: int = param(0, SEED, config="pattern_seed", low=0)
+    block: int = param(64, BLOCK, auto=True, low=1)
 
     @property
     def random_width(self):
@@ -141,12 +135,6 @@ class Diffuser(_RandomEdges):
     def image_defaults(cls, height, width, channels):
         row = width * channels
         return {"window": row, "global_tokens": row, "block": default_block(width, channels)}
-
-    def validate(self):
-        if self.window < 1 or self.global_tokens < 0 or self.random_edges < 0 or self.steps < 1 \
-                or not 0.0 <= self.alpha <= 1.0 or self.block < 1:
-            raise ConfigError(f"diffuser needs window >= 1, global_tokens >= 0, random_edges >= 0, steps >= 1, "
-                              f"0 <= alpha <= 1, block >= 1; got {self}")
 
     @functools.lru_cache(maxsize=4096)
     def random_of(self, qb, head):

@@ -7,8 +7,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from imggen.errors import ConfigError
-
 from .base import BandShape, KernelLayout, KernelRule, KernelSpec, Pattern, geometry, param
 
 
@@ -47,15 +45,11 @@ class Band(Pattern):
     name = "band"
     slot_policy = "ring"
     window: int = param(256, "band/diffuser window in tokens (default: two rows for band, one for diffuser)",
-                        auto=True)
+                        auto=True, low=1)
 
     @classmethod
     def image_defaults(cls, height, width, channels):
         return {"window": 2 * width * channels}
-
-    def validate(self):
-        if self.window < 1:
-            raise ConfigError(f"band window must be >= 1, got {self.window}")
 
     def rule(self, i, j, head, tables=None):
         return i - j < self.window
@@ -81,16 +75,12 @@ class Column(Pattern):
 
     name = "column"
     slot_policy = "all"  # a column is read until the last row
-    stride: int = param(32, "strided pattern stride (default: row width W*C)", auto=True)
-    shift: int = geometry(0)
+    stride: int = param(32, "strided pattern stride (default: row width W*C)", auto=True, low=1)
+    shift: int = geometry(0, low=0, high=1)
 
     @classmethod
     def image_defaults(cls, height, width, channels):
         return {"stride": width * channels, "shift": 1}
-
-    def validate(self):
-        if self.stride < 1 or self.shift not in (0, 1):
-            raise ConfigError(f"{self.name} needs stride >= 1 and shift in (0, 1); got {self}")
 
     def rule(self, i, j, head, tables=None):
         jj = j - self.shift
@@ -121,11 +111,10 @@ class Strided(Pattern):
     name = "strided"
     heads_differ = True
     slot_policy = "all"
-    stride: int = param(32, "strided pattern stride (default: row width W*C)", auto=True)
-    shift: int = geometry(0)
+    stride: int = param(32, "strided pattern stride (default: row width W*C)", auto=True, low=1)
+    shift: int = geometry(0, low=0, high=1)
 
     image_defaults = Column.image_defaults
-    validate = Column.validate
 
     def _parts(self):
         return Band(window=self.stride), Column(stride=self.stride, shift=self.shift)
