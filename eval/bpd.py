@@ -45,14 +45,19 @@ def _device(model) -> torch.device:
         return torch.device("cpu")
 
 
-def per_image_bits_per_dim(model, images, batch_size: int = 16, progress: bool = False) -> np.ndarray:
-    """float64 (B,) bits/dim of each uint8 image (B, C, H, W) under `model` (teacher forcing)."""
+def per_image_bits_per_dim(model, images, batch_size: int = 16, progress: bool = False,
+                           masks=None) -> np.ndarray:
+    """float64 (B,) bits/dim of each uint8 image (B, C, H, W) under `model` (teacher forcing); an
+    inpainting (context) model's of the unknown pixels of `masks` (B, H, W) given the rest."""
     from imggen.tokens import tokenize
 
     if len(images) == 0:
         raise ShapeError("no images to compute bits/dim on (got an empty batch)")
+    if getattr(model, "context", None) is not None and masks is None:
+        raise ShapeError("this model was trained for inpainting with a context: its bits/dim is that of the "
+                         "unknown pixels given the known ones; pass masks (B, H, W), True = unknown")
     return token_bits_per_dim(model, tokenize(images, model.config.bits, shape=model.config.shape), batch_size,
-                              progress=progress)
+                              masks=masks, progress=progress)
 
 
 @torch.no_grad()
@@ -107,8 +112,9 @@ def bootstrap_ci(values, resamples: int = 1000, seed: int = 0, level: float = 0.
 
 
 def bits_per_dim(model, images, batch_size: int = 16, return_per_image: bool = False, bootstrap: int = 0,
-                 seed: int = 0, dataset: str | None = None, progress: bool = False):
-    """Mean bits/dim of uint8 images (B, C, H, W) under `model`.
+                 seed: int = 0, dataset: str | None = None, progress: bool = False, masks=None):
+    """Mean bits/dim of uint8 images (B, C, H, W) under `model` (an inpainting model's: of the
+    unknown pixels of `masks` (B, H, W) given the rest, as its training reports it).
 
     Returns a float, or with `return_per_image` / `bootstrap` > 0 a dict: bpd, per_image (list),
     ci95 ((lo, hi) percentile bootstrap over images with `bootstrap` (>= 2) resamples; None without
@@ -116,7 +122,7 @@ def bits_per_dim(model, images, batch_size: int = 16, return_per_image: bool = F
     n_images and label (what the number may be compared with; `dataset` = the data spec, if known).
     Every image has the same number of subpixels, so the mean over images is the mean over subpixels.
     """
-    per = per_image_bits_per_dim(model, images, batch_size, progress)
+    per = per_image_bits_per_dim(model, images, batch_size, progress, masks)
     bpd = float(per.mean())
     if not return_per_image and not bootstrap:
         return bpd
@@ -124,4 +130,5 @@ def bits_per_dim(model, images, batch_size: int = 16, return_per_image: bool = F
     return {"bpd": bpd, "per_image": per.tolist(),
             "ci95": list(bootstrap_ci(per, bootstrap, seed)) if bootstrap and len(per) > 1 else None,  # none of 1
             "bootstrap": int(bootstrap), "bits": bits, "n_images": int(len(per)),
-            "label": bpd_label(bits, dataset)}
+            "label": bpd_label(bits, dataset) + ("" if masks is None else
+                                                 "; of the unknown pixels of inpainting masks given the rest")}

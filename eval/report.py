@@ -117,12 +117,17 @@ def make_report(path: str, out: str | None = None, num: int = 16, seed: int = 0,
                                 f"bits/dim over all {r['n_images']}")
         rep["bpd"] = r
 
-    # samples + speed
-    imgs, timing = sample_images(run, num, seed=seed, batch_size=batch_size)
-    rep["sampling"] = timing
-    sp = os.path.join(out, "samples.png")
-    save_grid(imgs, sp, scale=image_scale(m.width))
-    rep["files"]["samples"] = sp
+    # samples + speed (an inpainting model draws only given a context: its fills are the inpainting section)
+    imgs, rep["sampling"] = None, None
+    if run.model.context is None:
+        imgs, rep["sampling"] = sample_images(run, num, seed=seed, batch_size=batch_size)
+        sp = os.path.join(out, "samples.png")
+        save_grid(imgs, sp, scale=image_scale(m.width))
+        rep["files"]["samples"] = sp
+    else:
+        rep["notes"].append("no unconditional samples, atom-bond accuracy or FID: this model was trained for "
+                            "inpainting and draws only given known pixels (its fills: the Inpainting section, "
+                            "on data with masks such as brats-demo; bits/dim: of the unknown pixels)")
 
     # curves
     cp = plot_curves(log, os.path.join(out, "curves.png"), title=f"{cfg.preset}: {cfg.data.spec}")
@@ -144,7 +149,7 @@ def make_report(path: str, out: str | None = None, num: int = 16, seed: int = 0,
     # atoms (molecules, when OSRA is installed)
     rep["atoms"], rep["atoms_note"] = None, None
     is_mol = spec.split(":")[0] == "molecules"
-    if is_mol and atoms != "off":
+    if is_mol and atoms != "off" and imgs is not None:
         from imggen.eval.atoms import readable_note
         rep["atoms_note"] = readable_note(m.height, m.width)  # too small for OSRA: one line, not a table of zeros
         if rep["atoms_note"] is None:
@@ -158,7 +163,7 @@ def make_report(path: str, out: str | None = None, num: int = 16, seed: int = 0,
 
     # FID (only when weights are given: the network is slow on CPU and few samples bias it)
     rep["fid"] = None
-    if fid_weights:
+    if fid_weights and imgs is not None:
         if data is None:
             rep["notes"].append("FID skipped: no reference data")
         else:
@@ -200,9 +205,10 @@ def report_markdown(rep: dict) -> str:
     if tr.get("last_val_bpd") is not None:
         L.append(f"| last validation (log.jsonl) | {_fmt(tr['last_val_bpd'])} | |")
     s = rep["sampling"]
-    L += ["", "## Speed", "", "| quantity | value |", "|---|---|",
-          f"| sampling ({s['num']} images, {s['device']}) | {s['tokens_per_s']:.0f} tokens/s, "
-          f"{s['seconds']:.2f} s total, {s['images_per_s']:.3f} images/s |"]
+    L += ["", "## Speed", "", "| quantity | value |", "|---|---|"]
+    if s:
+        L.append(f"| sampling ({s['num']} images, {s['device']}) | {s['tokens_per_s']:.0f} tokens/s, "
+                 f"{s['seconds']:.2f} s total, {s['images_per_s']:.3f} images/s |")
     if tr.get("tokens_per_s_median") is not None:
         L.append(f"| training (median of log.jsonl) | {tr['tokens_per_s_median']:.0f} tokens/s |")
     ip = rep.get("inpainting")
@@ -223,7 +229,7 @@ def report_markdown(rep: dict) -> str:
     if fd:
         L += ["", "## FID", "", f"FID {fd['fid']:.2f} ({fd['n_a']} samples vs {fd['n_b']} reference images; "
               f"{fd['note']})"]
-    L += ["", "## Figures", "", "![samples](samples.png)", "", "![curves](curves.png)"]
+    L += ["", "## Figures", ""] + (["![samples](samples.png)", ""] if s else []) + ["![curves](curves.png)"]
     if rep.get("notes"):
         L += ["", "## Notes", ""] + [f"- {n}" for n in rep["notes"]]
     return "\n".join(L) + "\n"

@@ -53,12 +53,11 @@ def load_data(cfg, spec: str | None = None):
 
     spec = spec or cfg.data.spec
     m = cfg.model
-    opts = {"progress": False} if spec.split(":")[0] == "molecules" else {}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return load_dataset(spec, height=m.height, width=m.width, channels=m.channels, seed=cfg.train.seed,
-                                skip_bad=True, **opts)
+                                skip_bad=True, progress=False)
     except DataError as e:
         raise DataError(f"cannot load evaluation data {spec!r} ({e}); pass --data KIND[:PATH]") from None
 

@@ -24,9 +24,15 @@ def run_bpd(run: Run, data=None, spec: str | None = None, split: str = "test", l
     spec = spec or run.cfg.data.spec
     data = data if data is not None else load_data(run.cfg, spec)
     imgs = split_images(data, split, limit)
+    masks = None
+    if run.model.context is not None:  # an inpainting model: under the fixed masks of training's evaluation
+        from imggen.tasks import eval_masks
+        m, given = run.cfg.model, data.masks.get(split)
+        masks = eval_masks(run.cfg.train.seed, split, len(imgs), None if given is None else given[:len(imgs)],
+                           m.height, m.width)
     t0 = time.time()
     res = bits_per_dim(run.model, imgs, batch_size=batch_size, return_per_image=True, bootstrap=bootstrap,
-                       seed=seed, dataset=spec, progress=True)
+                       seed=seed, dataset=spec, progress=True, masks=masks)
     bad = [i for i, v in enumerate(res["per_image"]) if not np.isfinite(v)]
     if bad:
         raise CheckpointError(f"checkpoint {run.ckpt} gives a non-finite bits/dim ({res['per_image'][bad[0]]}) on "

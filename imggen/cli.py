@@ -257,6 +257,7 @@ def sample_parser() -> argparse.ArgumentParser:
     ap.add_argument("--mask", metavar="MASK", help="mask PNG of --inpaint's size: nonzero = unknown (fill)")
     ap.add_argument("--triplet", metavar="PATH",
                     help="with --inpaint / --prefix: also write original | masked | filled side by side")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_fill_flags(ap)
     add_threads_flag(ap)
     return ap
@@ -342,7 +343,7 @@ def sample_main(argv=None) -> int:
             raise ConfigError("this model was trained for inpainting with a context: pass --inpaint IMAGE --mask MASK "
                               "(or --prefix IMAGE --prefix-rows R)")
         kw = dict(rank=args.rank, batch_size=args.batch_size, temperature=args.temperature, top_k=args.top_k,
-                  seed=args.seed, cache=args.cache, progress=True)
+                  seed=args.seed, cache=args.cache, progress=not args.no_progress)
         t0 = time.time()
         if conditional:
             image = as_image(model, _load_input(args.inpaint or args.prefix, cfg.channels))

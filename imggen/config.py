@@ -77,9 +77,12 @@ class _ModelCore:
         return pattern_for_image(kind, self.height, self.width, self.channels, dataclasses.asdict(self))
 
     def patterns(self) -> list[Pattern]:
-        kinds = [k.strip() for k in self.attention.split(",") if k.strip()]
-        if not kinds:
+        kinds = [k.strip() for k in self.attention.split(",")]
+        if not any(kinds):
             raise ConfigError("model.attention is empty; use e.g. --attention band")
+        if not all(kinds):
+            raise ConfigError(f"--attention {self.attention!r} has an empty entry; list one pattern per layer "
+                              f"(cycled), e.g. --attention local2d,band")
         return [self.pattern_for(kinds[i % len(kinds)]).for_layer(i) for i in range(self.layers)]
 
     def reset_pattern_params(self) -> None:

@@ -47,3 +47,10 @@ def test_config_dict_roundtrip_accepts_ints_for_floats_and_none_for_optional():
     d = cfg.to_dict()
     d["model"]["mlp_ratio"], d["model"]["window"], d["train"]["lr"] = 2, None, 1
     assert Config.from_dict(d).validate().model.mlp_ratio == 2
+
+
+def test_empty_attention_entry_is_an_error_not_dropped():
+    from imggen.config import ModelConfig
+    with pytest.raises(ConfigError, match="empty entry"):
+        ModelConfig(height=8, width=8, attention="band,,local2d").validate()
+    assert len(ModelConfig(height=8, width=8, attention=" band , local2d ").validate().patterns()) > 0

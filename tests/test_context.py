@@ -1,5 +1,6 @@
 """Context-conditioned inpainting: the hole sees known pixels on every side, the target stays
 causal, cached decode equals the full forward, clear errors, and --task inpaint end to end."""
+import json
 import os
 import subprocess
 import sys
@@ -138,3 +139,19 @@ def test_inpaint_task_end_to_end_with_folder_images(tmp_path):
     mask[2:5, 3:6] = True
     filled, _ = imggen.inpaint(m, images[0], mask, samples=2, reduce="median")
     assert torch.equal(filled[0][:, ~mask], images[0][:, ~mask])
+    # evaluation of the run: bits/dim of the unknown pixels under training's test masks (it used to be
+    # refused with a message for Python callers); the report leaves out what needs unconditional samples
+    eval_cmd = [sys.executable, "-m", "imggen.eval"]
+    r = subprocess.run(eval_cmd + ["bpd", "--checkpoint", str(run), "--bootstrap", "0", "--json",
+                                   str(tmp_path / "b.json")], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads((tmp_path / "b.json").read_text())
+    assert "unknown pixels" in got["label"]
+    assert got["bpd"] == pytest.approx(json.loads((run / "metrics.json").read_text())["test_bpd"], rel=1e-5)
+    r = subprocess.run(eval_cmd + ["report", "--checkpoint", str(run), "--bootstrap", "0", "--num", "2"],
+                       cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads((run / "report" / "report.json").read_text())
+    assert rep["bpd"]["bpd"] == pytest.approx(got["bpd"]) and rep["sampling"] is None
+    assert any("trained for inpainting" in n for n in rep["notes"])
+    assert "![samples]" not in (run / "report" / "report.md").read_text()

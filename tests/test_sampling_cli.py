@@ -103,3 +103,11 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
         assert needle in err and err.count("\n") == 1, err
     rc, _, err = _run(capsys, "--checkpoint", tmp_path / "nope", "--device", "cpu")
     assert rc == 2 and "does not exist" in err and err.count("\n") == 1
+
+
+def test_no_progress_silences_the_sampling_bar(tmp_path, capsys):
+    run = _ckpt(tmp_path)
+    for flags, shown in (([], True), (["--no-progress"], False)):
+        rc, _, err = _run(capsys, "--checkpoint", run, "--num", 1, "--seed", 0, "--out", tmp_path / "s.png",
+                          "--device", "cpu", *flags)
+        assert rc == 0 and ("sampling" in err) == shown, err[-500:]
