@@ -375,3 +375,13 @@ def test_flex_on_cpu_is_right_at_lengths_torch_gets_wrong():
         ref = imggen.sparse_attention(q.double(), k.double(), v.double(), p, backend="reference")
         assert got.shape == q.shape and got.is_contiguous()
         assert float((got.double() - ref).abs().max()) <= 1e-5, n
+
+
+def test_bigbird_asking_more_random_blocks_than_exist_reads_every_earlier_block_at_table_cost():
+    """--random-blocks 1000 at 64 query blocks: every earlier block is read (causal full attention),
+    and the random table (whose columns the rules loop over) is as wide as the picks, not 1000."""
+    p = imggen.make_pattern("bigbird", block=16, window_blocks=1, global_blocks=0, random_blocks=1000)
+    table = p.lookup_tables(1024, 2)["random"]
+    assert table.shape[-1] == 63
+    mask = p.masks(200, 2)
+    assert torch.equal(mask, torch.ones(200, 200, dtype=torch.bool).tril().expand_as(mask))

@@ -335,11 +335,14 @@ def rng(seed: int, layer: int, head: int, qb: int) -> np.random.Generator:
 
 
 def random_table(pattern: Pattern, nqb: int, heads: int, width: int) -> torch.Tensor:
-    """(heads, nqb, width) long: `random_of(qb, head)` padded with -2 (matches nothing)."""
+    """(heads, nqb, w) long: `random_of(qb, head)` padded with -2 (matches nothing); w = `width`, or
+    fewer where no query block has that many earlier blocks to pick (e.g. --random-blocks 1000: the
+    rules loop over the columns)."""
+    picks = [[pattern.random_of(qb, h) for qb in range(nqb)] for h in range(heads)]
+    width = min(width, max((len(r) for row in picks for r in row), default=0))
     table = torch.full((heads, nqb, max(1, width)), -2, dtype=torch.long)
-    for h in range(heads):
-        for qb in range(nqb):
-            r = pattern.random_of(qb, h)
+    for h, row in enumerate(picks):
+        for qb, r in enumerate(row):
             table[h, qb, : len(r)] = torch.tensor(r, dtype=torch.long)
     return table
 
