@@ -169,6 +169,11 @@ def config_from_args(argv=None) -> tuple[Config, argparse.Namespace]:
         cfg.validate()
     except ConfigError as e:
         ap.error(str(e))
+    kinds = {k.strip() for k in cfg.model.attention.split(",")}
+    for name, entry in PATTERN_PARAMS.items():  # a pattern flag given for patterns that have no use for it
+        if getattr(args, name) is not None and not kinds & set(entry["fields"]):
+            ap.error(f"--{name.replace('_', '-')} has no effect with --attention {cfg.model.attention}: it applies "
+                     f"to {', '.join(sorted(entry['fields']))}")
     return cfg, args
 
 

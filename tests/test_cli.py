@@ -130,3 +130,12 @@ def test_backend_check_lets_through_what_can_train(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the Triton interpreter runs the kernels on CPU tensors (tests)
     cfg.model.backend = "triton"
     check_train_backend(cfg, "cpu")
+
+
+def test_a_pattern_flag_that_the_attention_does_not_use_is_an_error(capsys):
+    from imggen.cli import config_from_args
+    with pytest.raises(SystemExit):
+        config_from_args(["--attention", "full", "--window", "4", "--out", "x"])
+    assert "--window has no effect with --attention full: it applies to band, diffuser" in capsys.readouterr().err
+    cfg, _ = config_from_args(["--attention", "band,local2d", "--window", "4", "--radius", "2", "--out", "x"])
+    assert cfg.model.window == 4 and cfg.model.radius == 2
