@@ -262,6 +262,8 @@ def sample_parser() -> argparse.ArgumentParser:
     ap.add_argument("--mask", metavar="MASK", help="mask PNG of --inpaint's size: nonzero = unknown (fill)")
     ap.add_argument("--triplet", metavar="PATH",
                     help="with --inpaint / --prefix: also write original | masked | filled side by side")
+    ap.add_argument("--backend", choices=BACKENDS,
+                    help="attention backend of the forward passes (default: the checkpoint's; IMGGEN_BACKEND wins)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_fill_flags(ap)
     add_threads_flag(ap)
@@ -342,7 +344,7 @@ def sample_main(argv=None) -> int:
         _check_sample_args(args)
         conditional = bool(args.inpaint or args.prefix)
         num = args.num or (1 if conditional else 16)
-        model = load_model(args.checkpoint, device=args.device)
+        model = load_model(args.checkpoint, device=args.device, backend=args.backend)
         cfg = model.config
         if model.context is not None and not conditional:
             raise ConfigError("this model was trained for inpainting with a context: pass --inpaint IMAGE --mask MASK "

@@ -111,3 +111,23 @@ def test_no_progress_silences_the_sampling_bar(tmp_path, capsys):
         rc, _, err = _run(capsys, "--checkpoint", run, "--num", 1, "--seed", 0, "--out", tmp_path / "s.png",
                           "--device", "cpu", *flags)
         assert rc == 0 and ("sampling" in err) == shown, err[-500:]
+
+
+def test_backend_flag_reaches_the_model(tmp_path, capsys, monkeypatch):
+    import imggen.checkpoint
+    seen = []
+    real = imggen.checkpoint.load_model
+
+    def spy(path, device="cpu", backend=None):
+        seen.append(backend)
+        return real(path, device, backend)
+    monkeypatch.setattr(imggen.checkpoint, "load_model", spy)
+    run = _ckpt(tmp_path)
+    for flags in ([], ["--backend", "reference"]):
+        rc, _, err = _run(capsys, "--checkpoint", run, "--num", 1, "--out", tmp_path / "s.png", "--device", "cpu",
+                          "--no-progress", *flags)
+        assert rc == 0, err
+    assert seen == [None, "reference"]
+    with pytest.raises(SystemExit) as e:
+        _run(capsys, "--checkpoint", run, "--backend", "bogus")
+    assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
