@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 
 from imggen.errors import DataError
-from imggen.eval.run import load_data, load_run, read_log, split_images, write_json
+from imggen.eval.run import limit_note, load_data, load_run, read_log, split_images, write_json
 from imggen.eval.runners import osra_available, run_atoms, run_bpd, run_fid, run_inpaint, sample_images
 from imggen.images import image_scale
 
@@ -112,9 +112,9 @@ def make_report(path: str, out: str | None = None, num: int = 16, seed: int = 0,
     if data is not None:
         r = run_bpd(run, data, spec, split, limit, bootstrap, batch_size, seed)
         r.pop("per_image", None)
-        if limit is not None and r["n_images"] < limit:
-            rep["notes"].append(f"--limit {limit} is more than the {r['n_images']} images of the {split} split; "
-                                f"bits/dim over all {r['n_images']}")
+        note = limit_note(limit, r["n_images"], f"images of the {split} split", "bits/dim over")
+        if note:
+            rep["notes"].append(note)
         rep["bpd"] = r
 
     # samples + speed (an inpainting model draws only given a context: its fills are the inpainting section)

@@ -158,6 +158,13 @@ def load_images(path: str) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
+def limit_note(limit: int | None, n: int, what: str, done: str) -> str | None:
+    """The note when --limit asked for more than the `n` `what` there are (None otherwise)."""
+    if limit is None or n >= limit:
+        return None
+    return f"--limit {limit} is more than the {n} {what}; {done} all {n}"
+
+
 def check_fid_set(images: np.ndarray, what: str) -> np.ndarray:
     """`images` unless FID cannot use them (fewer than 2: no covariance); DataError naming `what`."""
     if len(images) < 2:

@@ -185,25 +185,17 @@ def _checkpoint_config(out: str) -> Config | None:
     return read_config(found) if found else None
 
 
-def train_device_type(device: str | None) -> str:
-    """'cuda' or 'cpu': where training will run (as imggen.training.setup picks it: under torchrun
-    the local CUDA device when there is one, else --device, else cuda when available)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device:
-        return torch.device(device).type
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def check_train_backend(cfg: Config, device: str | None) -> None:
     """A backend that cannot train on the chosen device is a ConfigError before the data loads:
     triton needs CUDA (or the Triton interpreter, TRITON_INTERPRET=1: tests only); flex has no
     backward pass on CPU."""
+    from imggen.training import train_device
+
     env = forced_backend()
     backend = env or cfg.model.backend
     where = f"IMGGEN_BACKEND={env}" if env else f"--backend {backend}"
     fix = "set IMGGEN_BACKEND=cpu (or unset it)" if env else "use --backend cpu (or auto)"
-    if train_device_type(device) == "cuda":
+    if torch.device(train_device(device)).type == "cuda":
         return
     if backend == "triton" and os.environ.get("TRITON_INTERPRET", "") != "1":
         raise ConfigError(f"{where}: the triton kernels need a CUDA GPU and training runs on the CPU here; {fix}")

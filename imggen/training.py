@@ -216,24 +216,29 @@ class Run:
         return self.rank == 0
 
 
+def train_device(device: str | None) -> str:
+    """Where training runs: under torchrun the process's local GPU (else the CPU); else `device`,
+    else cuda when available."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if torch.cuda.is_available() else "cpu"
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def _dist_setup():
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        return 0, 1, None
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend)
-    rank, local = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0"))
-    device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
+        return 0, 1
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     if torch.cuda.is_available():
-        torch.cuda.set_device(local)
-    return rank, world, device
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return dist.get_rank(), world
 
 
 def setup(cfg: Config, out: str, resume: bool, overwrite: bool, device: str | None, data: dict | None,
           progress: bool = True) -> Run:
     """Config checks, run directory, model + optimizer (restored with --resume), data."""
-    rank, world, dist_device = _dist_setup()
-    device = dist_device or device or ("cuda" if torch.cuda.is_available() else "cpu")
+    rank, world = _dist_setup()
+    device = train_device(device)
     cfg.validate()
     if cfg.train.batch_size % world:
         raise ConfigError(f"--batch-size {cfg.train.batch_size} must be divisible by the number of processes ({world})")
@@ -355,15 +360,14 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
                 rate["bpd"] = train_step(net, run.opt, x, run.step, cfg, run.device, (hooks or {}).get("loss"),
                                          context, loss_mask, norm)
                 run.step += 1
-                if run.world > 1:  # the logged and shown loss is the global batch's, not rank 0's share
-                    stopping, rate["bpd"] = _sync_step(run, stop, rate["bpd"])
+                stopping, rate["bpd"] = _sync_step(run, stop, rate["bpd"])
                 bar.update(1)
                 shown = {"bpd": f"{rate['bpd']:.3f}"}
                 if "tokens_per_s" in rate:  # measured at the first log step; none shown before it
                     shown["tok_s"] = f"{rate['tokens_per_s']:.0f}"
                 bar.set_postfix(shown)
                 periodic(run, logger, rate)
-                if (stopping if run.world > 1 else stop.requested) and run.step < t.steps:
+                if stopping and run.step < t.steps:
                     bar.close()
                     if run.step % t.ckpt_every:  # not saved by periodic() already
                         save(run)
@@ -409,10 +413,13 @@ def next_batch(run: Run):
 
 
 def _sync_step(run: Run, stop: StopSignal, bpd: float) -> tuple[bool, float]:
-    """DDP only: the one collective per step, right after it: (whether any process was asked to
-    stop, the step's loss averaged over the processes). The processes' losses weigh the same: equal
-    token counts for generation, and train_step's global `mask_norm` for inpainting. (A signal that
-    arrives during the step's periodic() work stops the run after the next step.)"""
+    """(Whether any process was asked to stop, the step's loss averaged over the processes): under
+    DDP the one collective per step, right after it, so the logged and shown loss is the global
+    batch's, not rank 0's share. The processes' losses weigh the same: equal token counts for
+    generation, and train_step's global `mask_norm` for inpainting. (A signal that arrives during
+    the step's periodic() work stops the run after the next step.)"""
+    if run.world == 1:
+        return stop.requested, bpd
     both = torch.tensor([float(stop.requested), bpd], dtype=torch.float64,
                         device=run.device if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(both)
