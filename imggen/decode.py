@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from imggen import attention
+from imggen import attention, native
 from imggen.attention import forced_backend, within_floor
 from imggen.blocked import additive_mask
 from imggen.errors import ConfigError, ShapeError
@@ -234,6 +234,8 @@ class Cache:
         self.positions = torch.full((cap,), -1, dtype=torch.long, device=device)
         self._slots, self._hi = self.plan.slots.tolist(), self.plan.hi.tolist()
         self.reads: ReadPlan | None = None
+        # the native CPU kernel (imggen.native) for float32 caches on CPU, the PyTorch path elsewhere
+        self.native = self.k.device.type == "cpu" and dtype == torch.float32 and native.available()
         self.debug = DEBUG
         if self.debug:
             self._true_last = true_last_reads(pattern, n, heads)
@@ -302,41 +304,57 @@ class Cache:
             return None
         return additive_mask(ok, self.k.dtype)
 
-    def attend(self, q, k, v, t: int) -> torch.Tensor:
-        """Store position t's k, v (B, H, D) and return its attention output (B, H, D)."""
+    @property
+    def fused(self) -> bool:
+        """Whether steps may go through imggen.native in one call per step (begin() then the kernel
+        stores k, v and attends): float32 on CPU, not diffusion, not debugging."""
+        return self.native and self.z is None and not self.debug
+
+    def begin(self, t: int):
+        """Position t enters its slot: (slot, hi, index, bias) with `_spec`'s (hi, index, bias)."""
         slot = self._slots[t]
         if self.debug:
             self._check_step(slot, t)
+        self.positions[slot] = t
+        return (slot, *self._spec(t))
+
+    def attend(self, q, k, v, t: int) -> torch.Tensor:
+        """Store position t's k, v (B, H, D) and return its attention output (B, H, D)."""
+        slot, hi, idx, bias = self.begin(t)
+        if self.fused and q.dtype == torch.float32:
+            return native.attend(q, self.k, self.v, idx, bias, hi, store=(slot, k, v))  # stores k, v too
         self.k[:, :, slot] = k
         self.v[:, :, slot] = v
-        self.positions[slot] = t
-        read, bias = self._read(t)
+        read = self._reader(hi, idx)
         if self.debug:
             self._check_read(t, read, bias)
         if self.z is None:
             return decode_attention(q, read(self.k), read(self.v), bias)
         return self._diffuse(q, v, slot, read, bias)
 
-    def _read(self, t: int):
-        """(read, bias): read(buffer) -> the (B, H, L, D) slots query t reads; additive bias over them."""
+    def _spec(self, t: int):
+        """What query t reads: (hi, index, bias): the slots [0, hi) (index None) or index (1 or H,
+        K) slots, with an additive bias over them (1 or H, ...) or None."""
         if self.unmasked:
-            hi = self._hi[t]
-            return (lambda x: x[:, :, :hi]), None
+            return self._hi[t], None, None
         if not self.planned:  # masks computed now: the keep-all baseline
             hi = self._hi[t]
-            return (lambda x: x[:, :, :hi]), self._per_head(self.key_bias(t, hi))
+            return hi, None, self._per_head(self.key_bias(t, hi))
         r = self.reads
         if r is None or not r.t0 <= t < r.t1:
             r = self.reads = read_plan(self.pattern, self.n, self.heads, self.plan, t, min(self.n, t + self.plan_steps),
                                        self.tables).to(self.k.device, self.k.dtype)
         bias = self._per_head(r.bias[t - r.t0])
-        if r.index is None:
-            return (lambda x: x), bias
-        idx = r.index[t - r.t0]
+        return self.capacity, None if r.index is None else self._per_head(r.index[t - r.t0]), bias
+
+    @staticmethod
+    def _reader(hi: int, idx):
+        """read(buffer) -> the (B, H, L, D) slots of a `_spec`."""
+        if idx is None:
+            return lambda x: x[:, :, :hi]
         if idx.shape[0] == 1:
-            return (lambda x: x.index_select(-2, idx[0])), bias
-        idx = self._per_head(idx)
-        return (lambda x: torch.gather(x, -2, idx[:, :, None].expand(x.shape[0], -1, -1, x.shape[-1]))), bias
+            return lambda x: x.index_select(-2, idx[0])
+        return lambda x: torch.gather(x, -2, idx[:, :, None].expand(x.shape[0], -1, -1, x.shape[-1]))
 
     def _per_head(self, per_table):
         """(HL, ...) -> broadcastable to (H, ...) (HL is 1 or H; otherwise tables repeat over heads)."""

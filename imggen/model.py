@@ -19,7 +19,7 @@ from imggen.config import ModelConfig
 from imggen.context import ContextEncoder, make_context
 from imggen.errors import ShapeError
 from imggen.fused import ln_linear, ln_mlp
-from imggen.panels import step_linear
+from imggen.panels import step_blocks, step_linear
 from imggen.patterns import Pattern
 from imggen.attention import forced_backend, sparse_attention
 from imggen.tokens import position_coords
@@ -63,10 +63,12 @@ class Attention(nn.Module):
                 cache.prefill(q, k, v)
         return self.proj(o.transpose(1, 2).reshape(b, n, c))
 
-    def step(self, x, t: int, cache, linear):
-        """x (B, dim) at position t -> (B, dim), reading and updating `cache`; linear(layer, x)."""
-        q, k, v = linear(self.qkv, x).view(x.shape[0], 3, self.heads, self.head_dim).unbind(1)  # (B, H, D)
-        return linear(self.proj, cache.attend(q, k, v, t).reshape(x.shape[0], -1))
+    def step(self, x, t: int, cache, linear, ln):
+        """x + attention(ln(x)) for x (B, dim) at position t, reading and updating `cache`;
+        linear as imggen.panels.step_linear gives it."""
+        qkv = linear(self.qkv, x, ln=ln).view(x.shape[0], 3, self.heads, self.head_dim)
+        q, k, v = qkv.unbind(1)  # (B, H, D) each
+        return linear(self.proj, cache.attend(q, k, v, t).reshape(x.shape[0], -1), add=x)
 
 
 class Block(nn.Module):
@@ -85,8 +87,8 @@ class Block(nn.Module):
         return x + self.drop(ln_mlp(x, self.ln2, self.mlp[0], self.mlp[2]))
 
     def step(self, x, t, cache, linear):
-        x = x + self.attn.step(self.ln1(x), t, cache, linear)
-        return x + linear(self.mlp[2], self.mlp[1](linear(self.mlp[0], self.ln2(x))))
+        x = self.attn.step(x, t, cache, linear, self.ln1)
+        return linear(self.mlp[2], linear(self.mlp[0], x, ln=self.ln2, act=True), add=x)
 
 
 class ImageTransformer(nn.Module):
@@ -187,10 +189,13 @@ class ImageTransformer(nn.Module):
         else:
             x = self.tok_emb(prev.view(-1))
         x = self._add_features(x + self.pos_emb(t, t + 1), features, t)  # (B, dim): 2-D throughout
-        linear = step_linear(self, caches)
-        for blk, cache in zip(self.blocks, caches):
-            x = blk.step(x, t, cache, linear)
-        return linear(self.head, self.ln_f(x))
+        linear, blocks = step_linear(self, caches), step_blocks(self, caches)
+        if blocks is not None:  # imggen.native: every block in one call
+            x = blocks.step(x, t)
+        else:
+            for blk, cache in zip(self.blocks, caches):
+                x = blk.step(x, t, cache, linear)
+        return linear(self.head, x, ln=self.ln_f)
 
     @torch.no_grad()
     def extend(self, prev: torch.Tensor, t0: int, caches, features: torch.Tensor | None = None) -> torch.Tensor:

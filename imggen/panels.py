@@ -15,6 +15,9 @@ import functools
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+
+from imggen import native
 
 # measured (bench/RESULTS.md section 8): 16 columns beat 32 and 64 in brats-preset steps (1 and 2
 # threads); bench/panels.py, three runs: panels win up to 16 rows per thread (1 thread, 16 rows:
@@ -42,40 +45,87 @@ def _pack(layer: nn.Linear):
     return panels, bias
 
 
-def panel_linear(layer: nn.Linear, x: torch.Tensor, store: dict) -> torch.Tensor:
-    """layer(x) for x (M, in): through the layer's weight panels (packed into `store` on first use)
-    on CPU outside autograd for M <= ROWS_PER_THREAD * threads, else the layer itself."""
+def panel_linear(layer: nn.Linear, x: torch.Tensor, store: dict, ln: nn.LayerNorm | None = None,
+                 act: bool = False, add: torch.Tensor | None = None) -> torch.Tensor:
+    """reference_linear(layer, x, ln, act, add) for x (M, in): through the layer's weight panels
+    (packed into `store` on first use) on CPU outside autograd for M <= ROWS_PER_THREAD * threads,
+    in imggen.native's kernel where it is available (float32), else the reference."""
     m = x.shape[0]
     if x.device.type != "cpu" or x.dim() != 2 or m > ROWS_PER_THREAD * torch.get_num_threads() \
             or torch.is_grad_enabled():
-        return layer(x)
+        return reference_linear(layer, x, ln, act, add)
     packed = store.get(layer)
     if packed is None:
         packed = store[layer] = _pack(layer)
     panels, bias = packed
+    if x.dtype == panels.dtype == torch.float32 and panels.shape[-1] == native.PANEL and native.available():
+        return native.linear(x, panels, bias, layer.out_features, ln, act, add)
+    if ln is not None:
+        x = ln(x)
     xs = x.expand(panels.shape[0], m, x.shape[1])
     y = torch.bmm(xs, panels) if bias is None else torch.baddbmm(bias, xs, panels)  # (P, M, PANEL)
     y = y.transpose(0, 1).reshape(m, -1)
-    return y if y.shape[1] == layer.out_features else y[:, :layer.out_features]
+    y = y if y.shape[1] == layer.out_features else y[:, :layer.out_features]
+    return _finish(y, act, add)
 
 
-def _layer(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return layer(x)
+def _finish(y: torch.Tensor, act: bool, add: torch.Tensor | None) -> torch.Tensor:
+    if act:
+        y = F.gelu(y, approximate="tanh")
+    return y if add is None else add + y
+
+
+def reference_linear(layer: nn.Linear, x: torch.Tensor, ln: nn.LayerNorm | None = None, act: bool = False,
+                     add: torch.Tensor | None = None) -> torch.Tensor:
+    """[add +] act(layer(ln(x))): one linear of a decode step with what it fuses (act: GELU, tanh)."""
+    return _finish(layer(x if ln is None else ln(x)), act, add)
 
 
 def step_linear(model: nn.Module, caches):
-    """linear(layer, x) for the decode steps of `model` through `caches` (imggen.decode.make_caches):
+    """linear(layer, x, ln=None, act=False, add=None) for the decode steps of `model` through `caches` (imggen.decode.make_caches):
     panel_linear, its panels held by the caches for that decoding run (whose keys and values are
     tied to the weights of that moment too), when the model's Linear weights exceed MIN_BYTES
     (decode steps at batch 16 on 2 threads, three runs: 3.3 MB of weights 0.92-0.94x the speed,
     7.3 MB 1.00-1.15x, 25 MB 1.05-1.29x); else the layers themselves."""
     store = getattr(caches, "packed", None)
     if store is None:
-        return _layer
+        return reference_linear
     large = store.get("large")
     if large is None:
-        large = store["large"] = is_large(model)
-    return functools.partial(panel_linear, store=store) if large else _layer
+        large = store["large"] = is_large(model) or native.available()
+    return functools.partial(panel_linear, store=store) if large else reference_linear
+
+
+def step_blocks(model: nn.Module, caches):
+    """imggen.native.Blocks for the decode steps of `model`'s blocks through `caches` (their
+    weights packed once into the caches' store), or None where some layer cannot take it (not
+    float32 on CPU, a diffuser or grouped cache, debugging, no native kernels, autograd on)."""
+    store = getattr(caches, "packed", None)
+    if store is None or torch.is_grad_enabled():
+        return None
+    if "blocks" not in store:
+        ok = all(getattr(c, "fused", False) for c in caches) and model.start.dtype == torch.float32 \
+            and PANEL == native.PANEL
+        store["blocks"] = native.Blocks([_block_weights(b, store) for b in model.blocks], caches,
+                                        model.config.heads) if ok else None
+    return store["blocks"]
+
+
+def _block_weights(block: nn.Module, store: dict) -> dict:
+    def packed(layer):
+        if layer not in store:
+            store[layer] = _pack(layer)
+        panels, bias = store[layer]
+        return panels, None if bias is None else bias.reshape(-1)
+
+    w = {}
+    for name, layer in (("qkv", block.attn.qkv), ("proj", block.attn.proj), ("fc1", block.mlp[0]),
+                        ("fc2", block.mlp[2])):
+        w[name], w[name + "_b"] = packed(layer)
+    for i, ln in ((1, block.ln1), (2, block.ln2)):
+        w[f"ln{i}_w"], w[f"ln{i}_b"], w[f"eps{i}"] = ln.weight.detach(), ln.bias.detach(), ln.eps
+    w["hidden"] = block.mlp[0].out_features
+    return w
 
 
 def linear_bytes(model: nn.Module) -> int:

@@ -6,6 +6,7 @@ import torch
 
 import imggen.decode as dec
 import imggen.model
+import imggen.native
 import imggen.panels
 import imggen.sampling as sampling
 from imggen.decode import make_cache, make_caches
@@ -46,13 +47,20 @@ def _model(channels, seed=0, height=5, width=7, **kw):
     return ImageTransformer(cfg).eval()
 
 
-@pytest.mark.parametrize("linear", ["layers", "panels"])
+@pytest.mark.parametrize("linear", ["layers", "panels", "native"])
 @pytest.mark.parametrize("channels", [1, 3])
 @pytest.mark.parametrize("case", list(CASES))
 def test_teacher_force_parity(case, channels, linear, monkeypatch):
-    """Decode steps give the forward's logits; "panels": their linears through weight panels
-    (imggen.panels, which large models use on CPU), 12 columns wide so that most layers end in a
-    padded panel."""
+    """Decode steps give the forward's logits; "layers": the PyTorch layers; "panels": their
+    linears through weight panels (imggen.panels' PyTorch path), 12 columns wide so that most
+    layers end in a padded panel; "native": imggen.native's kernels (the caches' debug checks off,
+    which keep a step on the PyTorch path)."""
+    if linear == "native":
+        if not imggen.native.available():
+            pytest.skip("no native kernels here (no C compiler)")
+        monkeypatch.setattr(dec, "DEBUG", False)
+    else:
+        monkeypatch.setattr(imggen.native, "available", lambda: False)
     if linear == "panels":
         monkeypatch.setattr(imggen.panels, "MIN_BYTES", 0)
         monkeypatch.setattr(imggen.panels, "PANEL", 12)
@@ -67,7 +75,10 @@ def test_teacher_force_parity(case, channels, linear, monkeypatch):
     assert (out - ref).abs().max() <= 1e-4
     caches = make_caches(model, 2, "evict")
     model.step(None, 0, caches)
-    assert (model.head in caches.packed) == (linear == "panels")  # the path the test names ran
+    assert (model.head in caches.packed) == (linear != "layers")  # the path the test names ran
+    fused = caches.packed.get("blocks") is not None
+    assert fused == (linear == "native" and all(c.z is None for c in caches if isinstance(c, dec.Cache))
+                     and all(isinstance(c, dec.Cache) for c in caches)), caches.packed.get("blocks")
     p = model.config.seq_len // 2 + 1  # prefill, then decode
     out = teacher_force(model, x, cache="evict", prefill=p)
     assert (out - ref).abs().max() <= 1e-4
