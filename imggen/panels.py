@@ -7,7 +7,9 @@ the weights of a brats-preset step (25 MB) at 2-3 GB/s, while a plain sum stream
 contiguous (in, PANEL) block, and runs one batched GEMM over the panels, every panel read front to
 back: at 16 rows those linears ran 1.40-1.64x faster on two threads, 0.90-1.31x on one (three
 runs, bench/RESULTS.md section 8). The copy is made once per decoding run and held by its caches,
-so a run always sees the weights of its start.
+so a run always sees the weights of its start. Where imggen.native's kernels are available, the
+panels feed them instead of `baddbmm` (`panel_linear`), and `step_blocks` hands a model's whole
+stack of blocks to one native call per step.
 """
 from __future__ import annotations
 
