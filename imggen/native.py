@@ -156,7 +156,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index: torch.Tenso
             q, knew, vnew = q.contiguous(), knew.contiguous(), vnew.contiguous()
             ld = q.stride(0)
     if index is not None:
-        index = index.reshape(-1, nread).contiguous()
+        index = index.reshape(-1, nread).to(torch.int64).contiguous()
     if bias is not None:
         bias = bias.reshape(-1, nread).to(torch.float32).contiguous()
     out = torch.empty(b, h, d, dtype=torch.float32)
@@ -201,7 +201,7 @@ class Blocks:
             lay.slot, hi, index, bias = cache.begin(t)
             lay.nread = hi if index is None else index.shape[-1]
             if index is not None:
-                index = index.reshape(-1, lay.nread).contiguous()
+                index = index.reshape(-1, lay.nread).to(torch.int64).contiguous()
             if bias is not None:
                 bias = bias.reshape(-1, lay.nread).contiguous()
             lay.index, lay.index_heads = _ptr(index), 1 if index is None else index.shape[0]
