@@ -26,6 +26,8 @@ import warnings
 
 import torch
 
+from imggen.errors import ShapeError
+
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native.c")
 PANEL = 16  # the panel width native.c is compiled for (its P)
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
@@ -195,6 +197,10 @@ class Blocks:
 
     def step(self, x: torch.Tensor, t: int) -> torch.Tensor:
         """x (B, dim) float32 at position t -> the stack's output (B, dim); stores every layer's k, v."""
+        b = self.caches[0].k.shape[0]
+        if x.dim() != 2 or x.shape[0] != b or x.dtype != torch.float32:
+            raise ShapeError(f"a decode step of these caches takes ({b}, dim) float32 inputs (one row per "
+                             f"sequence they were made for); got {tuple(x.shape)} {x.dtype}")
         x = x.contiguous().clone()
         keep = []
         for lay, cache in zip(self.layers, self.caches):

@@ -131,3 +131,19 @@ def test_build_is_cached_per_source(tmp_path, monkeypatch):
     assert native.build() == path and os.path.getmtime(path) == mtime
     assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(path)]  # no temporary left behind
 
+
+
+def test_blocks_reject_another_batch():
+    """A step with more sequences than the caches hold is a clear error, not a write past them."""
+    from imggen.config import ModelConfig
+    from imggen.decode import make_caches
+    from imggen.errors import ShapeError
+    from imggen.model import ImageTransformer
+
+    model = ImageTransformer(ModelConfig(height=4, width=5, channels=1, bits=4, dim=32, layers=2, heads=2)).eval()
+    caches = make_caches(model, 2)
+    with torch.no_grad():
+        model.step(None, 0, caches)
+        assert caches.packed.get("blocks") is not None
+        with pytest.raises(ShapeError, match="decode step"):
+            model.step(torch.zeros(3, dtype=torch.long), 1, caches)
