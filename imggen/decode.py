@@ -234,9 +234,11 @@ class Cache:
         self.positions = torch.full((cap,), -1, dtype=torch.long, device=device)
         self._slots, self._hi = self.plan.slots.tolist(), self.plan.hi.tolist()
         self.reads: ReadPlan | None = None
-        # the native CPU kernel (imggen.native) for float32 caches on CPU, the PyTorch path elsewhere
-        self.native = self.k.device.type == "cpu" and dtype == torch.float32 and native.available()
         self.debug = DEBUG
+        # whether steps go through imggen.native (begin(), then its kernel stores k, v and attends):
+        # float32 on CPU, not diffusion, not debugging; else the PyTorch path
+        self.fused = self.k.device.type == "cpu" and dtype == torch.float32 and self.z is None \
+            and not self.debug and native.available()
         if self.debug:
             self._true_last = true_last_reads(pattern, n, heads)
             bad = np.nonzero(self.plan.last < self._true_last)[0]
@@ -303,12 +305,6 @@ class Cache:
             assert bool(ok.all()), f"{self.pattern.name}: ring holds a position query {t} may not read"
             return None
         return additive_mask(ok, self.k.dtype)
-
-    @property
-    def fused(self) -> bool:
-        """Whether steps may go through imggen.native in one call per step (begin() then the kernel
-        stores k, v and attends): float32 on CPU, not diffusion, not debugging."""
-        return self.native and self.z is None and not self.debug
 
     def begin(self, t: int):
         """Position t enters its slot: (slot, hi, index, bias) with `_spec`'s (hi, index, bias)."""

@@ -1,8 +1,8 @@
 /* imggen's CPU decode kernels (float32), built on first use by imggen/native.py with the
  * machine's C compiler (-O3 -march=native -fopenmp) and called through ctypes. Their OpenMP
  * regions run on the runtime torch has already loaded (same soname), so torch.set_num_threads
- * applies. The PyTorch code they replace is their reference (imggen.panels.StepLinear's
- * PyTorch path, imggen.decode.decode_attention_reference); tests/test_native.py compares them.
+ * applies. The PyTorch code they replace is their reference (imggen.panels.reference_linear,
+ * imggen.decode.decode_attention_reference); tests/test_native.py compares them.
  *
  * imggen_linear: y (M, N) = [add +] act(LN(x) @ W^T + bias), W^T held as panels
  *   (ceil(N/16), K, 16) (imggen.panels): 16 rows of x against one panel keep 16 accumulators of 16
@@ -10,6 +10,8 @@
  * imggen_attend: one query per (batch, head) against cache slots (all of [0, nread), or gathered by
  *   an index per head), additive bias, softmax, weighted sum of values; optionally storing the new
  *   position's key and value in its slot first.
+ * imggen_blocks: one decode step through a stack of imggen.model.Block layers (the two above, five
+ *   calls per layer), so that a step costs one call from Python.
  */
 #include <math.h>
 #include <stdint.h>
@@ -23,9 +25,6 @@ typedef int32_t vi16 __attribute__((vector_size(64), aligned(4)));
 #define MAXD 256 /* head dims up to this keep the output row in registers */
 #ifndef PF
 #define PF 256  /* weight prefetch distance in panel rows (64-byte lines): 16 KB ahead */
-#endif
-#ifndef PFA
-#define PFA 64
 #endif
 
 static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }

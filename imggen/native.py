@@ -7,8 +7,8 @@ residual after it fused) and `attend` (storing the new key and value first) do t
 in one call each, and `Blocks` a whole stack of layers per step (float32, OpenMP on torch's own
 thread pool): see bench/RESULTS.md section 8 for the figures.
 
-The library is built once per machine with the system C compiler (`cc -O3 -march=native -fopenmp`,
-well under a second) into IMGGEN_CACHE_DIR (default ~/.cache/imggen), keyed by the source and the
+The library is built once per machine with the system C compiler (`cc -O3 -march=native -fopenmp`;
+building and checking took about a second on the test box) into IMGGEN_CACHE_DIR (default ~/.cache/imggen), keyed by the source and the
 CPU, and checked against the PyTorch reference on first use. Where there is no compiler, the build
 or the check fails, or IMGGEN_NATIVE=0, `available()` is False (one warning for a failure) and
 callers use their PyTorch paths, which give the same results.

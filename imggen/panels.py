@@ -56,10 +56,7 @@ def panel_linear(layer: nn.Linear, x: torch.Tensor, store: dict, ln: nn.LayerNor
     if x.device.type != "cpu" or x.dim() != 2 or m > ROWS_PER_THREAD * torch.get_num_threads() \
             or torch.is_grad_enabled():
         return reference_linear(layer, x, ln, act, add)
-    packed = store.get(layer)
-    if packed is None:
-        packed = store[layer] = _pack(layer)
-    panels, bias = packed
+    panels, bias = _packed(layer, store)
     if x.dtype == panels.dtype == torch.float32 and panels.shape[-1] == native.PANEL and native.available():
         return native.linear(x, panels, bias, layer.out_features, ln, act, add)
     if ln is not None:
@@ -69,6 +66,13 @@ def panel_linear(layer: nn.Linear, x: torch.Tensor, store: dict, ln: nn.LayerNor
     y = y.transpose(0, 1).reshape(m, -1)
     y = y if y.shape[1] == layer.out_features else y[:, :layer.out_features]
     return _finish(y, act, add)
+
+
+def _packed(layer: nn.Linear, store: dict):
+    """The layer's (panels, bias), packed into `store` on first use."""
+    if layer not in store:
+        store[layer] = _pack(layer)
+    return store[layer]
 
 
 def _finish(y: torch.Tensor, act: bool, add: torch.Tensor | None) -> torch.Tensor:
@@ -84,11 +88,12 @@ def reference_linear(layer: nn.Linear, x: torch.Tensor, ln: nn.LayerNorm | None 
 
 
 def step_linear(model: nn.Module, caches):
-    """linear(layer, x, ln=None, act=False, add=None) for the decode steps of `model` through `caches` (imggen.decode.make_caches):
-    panel_linear, its panels held by the caches for that decoding run (whose keys and values are
-    tied to the weights of that moment too), when the model's Linear weights exceed MIN_BYTES
-    (decode steps at batch 16 on 2 threads, three runs: 3.3 MB of weights 0.92-0.94x the speed,
-    7.3 MB 1.00-1.15x, 25 MB 1.05-1.29x); else the layers themselves."""
+    """linear(layer, x, ln=None, act=False, add=None) for the decode steps of `model` through
+    `caches` (imggen.decode.make_caches): panel_linear, its panels held by the caches for that
+    decoding run (whose keys and values are tied to the weights of that moment too), where
+    imggen.native's kernels are available or the model's Linear weights exceed MIN_BYTES (PyTorch
+    panels, decode steps at batch 16 on 2 threads, three runs: 3.3 MB of weights 0.92-0.94x the
+    speed, 7.3 MB 1.00-1.15x, 25 MB 1.05-1.29x); else reference_linear."""
     store = getattr(caches, "packed", None)
     if store is None:
         return reference_linear
@@ -114,16 +119,11 @@ def step_blocks(model: nn.Module, caches):
 
 
 def _block_weights(block: nn.Module, store: dict) -> dict:
-    def packed(layer):
-        if layer not in store:
-            store[layer] = _pack(layer)
-        panels, bias = store[layer]
-        return panels, None if bias is None else bias.reshape(-1)
-
     w = {}
     for name, layer in (("qkv", block.attn.qkv), ("proj", block.attn.proj), ("fc1", block.mlp[0]),
                         ("fc2", block.mlp[2])):
-        w[name], w[name + "_b"] = packed(layer)
+        panels, bias = _packed(layer, store)
+        w[name], w[name + "_b"] = panels, None if bias is None else bias.reshape(-1)
     for i, ln in ((1, block.ln1), (2, block.ln2)):
         w[f"ln{i}_w"], w[f"ln{i}_b"], w[f"eps{i}"] = ln.weight.detach(), ln.bias.detach(), ln.eps
     w["hidden"] = block.mlp[0].out_features
