@@ -336,12 +336,17 @@ class Cache:
         if not self.planned:  # masks computed now: the keep-all baseline
             hi = self._hi[t]
             return hi, None, self._per_head(self.key_bias(t, hi))
+        r = self.plan_at(t)
+        bias = self._per_head(r.bias[t - r.t0])
+        return self.capacity, None if r.index is None else self._per_head(r.index[t - r.t0]), bias
+
+    def plan_at(self, t: int) -> ReadPlan:
+        """The read plan that covers step t (built now for steps t.. if the held one does not)."""
         r = self.reads
         if r is None or not r.t0 <= t < r.t1:
             r = self.reads = read_plan(self.pattern, self.n, self.heads, self.plan, t, min(self.n, t + self.plan_steps),
                                        self.tables).to(self.k.device, self.k.dtype)
-        bias = self._per_head(r.bias[t - r.t0])
-        return self.capacity, None if r.index is None else self._per_head(r.index[t - r.t0]), bias
+        return r
 
     @staticmethod
     def _reader(hi: int, idx):

@@ -19,7 +19,7 @@ from imggen.config import ModelConfig
 from imggen.context import ContextEncoder, make_context
 from imggen.errors import ShapeError
 from imggen.fused import ln_linear, ln_mlp
-from imggen.panels import step_blocks, step_linear
+from imggen.panels import native_step, step_linear
 from imggen.patterns import Pattern
 from imggen.attention import forced_backend, sparse_attention
 from imggen.tokens import position_coords
@@ -184,17 +184,17 @@ class ImageTransformer(nn.Module):
     def step(self, prev: torch.Tensor | None, t: int, caches, features: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, V) at position t given token t-1 (`prev`, (B,) long; None at t = 0);
         `features` = context_features(context) of a context-trained model, computed once."""
+        fused = native_step(self, caches)
+        if fused is not None:  # imggen.native: the whole step in one call
+            return fused.step(prev, t, self._features(features, t))
         if t == 0:
             x = self.start.expand(caches[0].batch, -1)
         else:
             x = self.tok_emb(prev.view(-1))
         x = self._add_features(x + self.pos_emb(t, t + 1), features, t)  # (B, dim): 2-D throughout
-        linear, blocks = step_linear(self, caches), step_blocks(self, caches)
-        if blocks is not None:  # imggen.native: every block in one call
-            x = blocks.step(x, t)
-        else:
-            for blk, cache in zip(self.blocks, caches):
-                x = blk.step(x, t, cache, linear)
+        linear = step_linear(self, caches)
+        for blk, cache in zip(self.blocks, caches):
+            x = blk.step(x, t, cache, linear)
         return linear(self.head, x, ln=self.ln_f)
 
     @torch.no_grad()
@@ -216,9 +216,14 @@ class ImageTransformer(nn.Module):
         return self.head(self.ln_f(x))
 
     def _add_features(self, x, features, at):
+        f = self._features(features, at)
+        return x if f is None else x + f
+
+    def _features(self, features, at):
+        """features[:, at] of a context model (ShapeError if missing); None for a model without a context."""
         if self.context is None:
-            return x
+            return None
         if features is None:
             raise ShapeError("this model was trained for inpainting with a context: pass features="
                              "model.context_features(context, batch) to step() / extend()")
-        return x + features[:, at]
+        return features[:, at]

@@ -10,8 +10,9 @@
  * imggen_attend: one query per (batch, head) against cache slots (all of [0, nread), or gathered by
  *   an index per head), additive bias, softmax, weighted sum of values; optionally storing the new
  *   position's key and value in its slot first.
- * imggen_blocks: one decode step through a stack of imggen.model.Block layers (the two above, five
- *   calls per layer), so that a step costs one call from Python.
+ * imggen_step: one decode step of a whole imggen.model.ImageTransformer (embedding, every Block
+ *   through the two above with each cache's read plan, final LayerNorm and head), so that a step
+ *   costs one call from Python.
  */
 #include <math.h>
 #include <stdint.h>
@@ -301,23 +302,41 @@ int imggen_attend(const float *q, const float *knew, const float *vnew, int64_t 
     return failed ? -1 : 0;
 }
 
-/* One decoder layer of imggen.model.Block (its weights as imggen.panels packs them) and what its
- * cache reads at this step (imggen.decode.Cache.begin). */
+/* One decoder layer of imggen.model.Block (its weights as imggen.panels packs them) and its cache's
+ * read plan (imggen.decode.Cache): position t takes slot slots[t] (recorded in positions[slot]) and
+ * its query reads either the slots [0, hi[t]) (hi not NULL: an unmasked ring), or row t - t0 of a
+ * plan that covers the steps [t0, t1): index NULL (slots [0, nread)) or (t1 - t0, index_heads, nread)
+ * slots, bias NULL or (t1 - t0, bias_heads, nread) additive. */
 typedef struct {
     const float *ln1_w, *ln1_b, *qkv, *qkv_b, *proj, *proj_b, *ln2_w, *ln2_b, *fc1, *fc1_b, *fc2, *fc2_b;
     float eps1, eps2;
     int hidden;
     float *k, *v;
-    int64_t length, slot, nread;
+    int64_t length;
+    const int64_t *slots, *hi;
+    int64_t *positions;
+    int64_t t0, t1, nread;
     const int64_t *index;
     const float *bias;
     int index_heads, bias_heads;
 } imggen_layer;
 
-/* x (B, dim) <- the n layers applied in order at one decode step:
+/* The model around the layers (imggen.model.ImageTransformer): embeddings (rows of dim floats),
+ * the (3, n) row / column / channel of each position, the final LayerNorm and the head's panels. */
+typedef struct {
+    const float *tok, *start, *row, *col, *chan;
+    const int64_t *pos;
+    int64_t n;
+    const float *lnf_w, *lnf_b;
+    float eps;
+    const float *head, *head_b;
+    int vocab;
+} imggen_model;
+
+/* x (B, dim) <- the n layers applied in order at decode step t:
  *   x = x + proj(attend(qkv(LN1(x)))); x = x + fc2(GELU(fc1(LN2(x)))),
  * storing each layer's new key and value in its cache. Returns 0, or -1 if out of memory. */
-int imggen_blocks(const imggen_layer *layers, int n, float *x, int B, int dim, int H) {
+static int blocks(const imggen_layer *layers, int n, int64_t t, float *x, int B, int dim, int H) {
     int hidden = 0;
     for (int i = 0; i < n; i++) hidden = layers[i].hidden > hidden ? layers[i].hidden : hidden;
     float *qkv = malloc(sizeof(float) * B * 3 * dim), *att = malloc(sizeof(float) * B * dim);
@@ -326,9 +345,13 @@ int imggen_blocks(const imggen_layer *layers, int n, float *x, int B, int dim, i
     for (int i = 0; i < n && rc == 0; i++) {
         const imggen_layer *l = &layers[i];
         int D = dim / H;
+        int64_t slot = l->slots[t], row = t - l->t0, nread = l->hi ? l->hi[t] : l->nread;
+        const int64_t *index = l->hi || !l->index ? NULL : l->index + row * l->index_heads * nread;
+        const float *bias = l->hi || !l->bias ? NULL : l->bias + row * l->bias_heads * nread;
+        l->positions[slot] = t;
         rc |= imggen_linear(x, B, dim, dim, l->ln1_w, l->ln1_b, l->eps1, l->qkv, l->qkv_b, 3 * dim, 0, NULL, qkv);
-        rc |= imggen_attend(qkv, qkv + dim, qkv + 2 * dim, 3 * dim, l->slot, l->k, l->v, B, H, l->length, D,
-                            l->index, l->index_heads, l->nread, l->bias, l->bias_heads, att);
+        rc |= imggen_attend(qkv, qkv + dim, qkv + 2 * dim, 3 * dim, slot, l->k, l->v, B, H, l->length, D,
+                            index, l->index_heads, nread, bias, l->bias_heads, att);
         rc |= imggen_linear(att, B, dim, dim, NULL, NULL, 0.0f, l->proj, l->proj_b, dim, 0, x, x2);
         rc |= imggen_linear(x2, B, dim, dim, l->ln2_w, l->ln2_b, l->eps2, l->fc1, l->fc1_b, l->hidden, 1, NULL, h);
         rc |= imggen_linear(h, B, l->hidden, l->hidden, NULL, NULL, 0.0f, l->fc2, l->fc2_b, dim, 0, x2, x);
@@ -338,4 +361,28 @@ int imggen_blocks(const imggen_layer *layers, int n, float *x, int B, int dim, i
     free(x2);
     free(h);
     return rc;
+}
+
+/* One decode step of the whole model: x (B, dim) <- the input at position t (the start vector at
+ * t = 0, else the embedding of prev[b * prev_stride], plus the position's row, column and channel
+ * embeddings, plus features (B rows ldf apart) when not NULL, summed in imggen.model's order), the
+ * layers, then logits (B, vocab) = head(LN_f(x)). Returns 0, -1 if out of memory, -2 for a token
+ * outside 0..vocab-1 (nothing written). */
+int imggen_step(const imggen_layer *layers, int n, const imggen_model *m, int64_t t, const int64_t *prev,
+                int64_t prev_stride, const float *features, int64_t ldf, float *x, float *logits, int B, int dim,
+                int H) {
+    const float *row = m->row + m->pos[t] * dim, *col = m->col + m->pos[m->n + t] * dim;
+    const float *chan = m->chan + m->pos[2 * m->n + t] * dim;
+    for (int b = 0; t > 0 && b < B; b++)
+        if (prev[b * prev_stride] < 0 || prev[b * prev_stride] >= m->vocab) return -2;
+    for (int b = 0; b < B; b++) {
+        const float *e = t == 0 ? m->start : m->tok + prev[b * prev_stride] * dim;
+        float *xb = x + (int64_t)b * dim;
+        for (int d = 0; d < dim; d++) {
+            xb[d] = e[d] + ((row[d] + col[d]) + chan[d]);
+            if (features) xb[d] += features[b * ldf + d];
+        }
+    }
+    if (blocks(layers, n, t, x, B, dim, H)) return -1;
+    return imggen_linear(x, B, dim, dim, m->lnf_w, m->lnf_b, m->eps, m->head, m->head_b, m->vocab, 0, NULL, logits);
 }

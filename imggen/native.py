@@ -80,8 +80,9 @@ def _load(path: str) -> ctypes.CDLL:
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     lib.imggen_linear.argtypes = [p, i64, i32, i64, p, p, f32, p, p, i32, i32, p, p]
     lib.imggen_attend.argtypes = [p, p, p, i64, i64, p, p, i32, i32, i64, i32, p, i32, i64, p, i32, p]
-    lib.imggen_blocks.argtypes = [ctypes.POINTER(Layer), i32, p, i32, i32, i32]
-    lib.imggen_linear.restype = lib.imggen_attend.restype = lib.imggen_blocks.restype = ctypes.c_int
+    lib.imggen_step.argtypes = [ctypes.POINTER(Layer), i32, ctypes.POINTER(Model), i64, p, i64, p, i64, p, p, i32,
+                                i32, i32]
+    lib.imggen_linear.restype = lib.imggen_attend.restype = lib.imggen_step.restype = ctypes.c_int
     return lib
 
 
@@ -169,52 +170,104 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index: torch.Tenso
 
 
 class Layer(ctypes.Structure):
-    """imggen_layer in native.c: one Block's weights and its cache's reads at this step."""
+    """imggen_layer in native.c: one Block's weights and its cache's slots and read plan."""
     _fields_ = [(f, ctypes.c_void_p) for f in ("ln1_w", "ln1_b", "qkv", "qkv_b", "proj", "proj_b", "ln2_w", "ln2_b",
                                                "fc1", "fc1_b", "fc2", "fc2_b")] + \
         [("eps1", ctypes.c_float), ("eps2", ctypes.c_float), ("hidden", ctypes.c_int), ("k", ctypes.c_void_p),
-         ("v", ctypes.c_void_p), ("length", ctypes.c_int64), ("slot", ctypes.c_int64), ("nread", ctypes.c_int64),
+         ("v", ctypes.c_void_p), ("length", ctypes.c_int64), ("slots", ctypes.c_void_p), ("hi", ctypes.c_void_p),
+         ("positions", ctypes.c_void_p), ("t0", ctypes.c_int64), ("t1", ctypes.c_int64), ("nread", ctypes.c_int64),
          ("index", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("index_heads", ctypes.c_int),
          ("bias_heads", ctypes.c_int)]
 
 
-class Blocks:
-    """Decode steps of a stack of layers in one native call each. `weights`: per layer a dict of
-    float32 contiguous tensors ln1_w, ln1_b, qkv, qkv_b, proj, proj_b, ln2_w, ln2_b, fc1, fc1_b,
-    fc2, fc2_b (linears as imggen.panels' panels and padded biases; a missing bias None) and floats
-    eps1, eps2; `caches` the layers' imggen.decode.Cache objects (float32, on CPU)."""
+class Model(ctypes.Structure):
+    """imggen_model in native.c: the embeddings, positions, final LayerNorm and head around the layers."""
+    _fields_ = [(f, ctypes.c_void_p) for f in ("tok", "start", "row", "col", "chan", "pos")] + \
+        [("n", ctypes.c_int64), ("lnf_w", ctypes.c_void_p), ("lnf_b", ctypes.c_void_p), ("eps", ctypes.c_float),
+         ("head", ctypes.c_void_p), ("head_b", ctypes.c_void_p), ("vocab", ctypes.c_int)]
 
-    def __init__(self, weights: list[dict], caches, heads: int):
-        self.keep = weights  # the tensors the structs point into
+
+class ModelStep:
+    """Decode steps of a whole model (imggen.model.ImageTransformer.step) in one native call each:
+    the embedding, every layer, the final LayerNorm and the head. `model`: float32 contiguous
+    tensors tok, start, row, col, chan (embedding tables), pos ((3, n) int64 row, column, channel
+    of each position), lnf_w, lnf_b, head, head_b (the head as imggen.panels' panels, head_b None
+    or padded) and the float eps; `layers`: per layer ln1_w, ln1_b, qkv, qkv_b, proj, proj_b, ln2_w,
+    ln2_b, fc1, fc1_b, fc2, fc2_b (linears as panels and padded biases; a missing bias None), floats
+    eps1, eps2 and int hidden; `caches` the layers' imggen.decode.Cache objects (float32, on CPU).
+
+    The kernel finds each layer's slot and reads from its cache's plans: an unmasked ring's prefix
+    for every step, or the rows of the read plan (Cache.plan_at) that covers the step, so Python
+    visits a layer only when a plan runs out; a cache whose reads are computed per step (the
+    keep-all baseline's masks) is asked at every step (Cache.begin)."""
+
+    def __init__(self, model: dict, layers: list[dict], caches, heads: int):
+        self.keep = (model, layers)  # the tensors the structs point into
         self.caches, self.heads = list(caches), heads
-        self.layers = (Layer * len(weights))()
-        for lay, w, cache in zip(self.layers, weights, self.caches):
+        self.batch, self.dim, self.n = self.caches[0].k.shape[0], model["tok"].shape[1], model["pos"].shape[1]
+        self.vocab = model["tok"].shape[0]
+        self.model = Model(**{f: _ptr(model[f]) for f, _ in Model._fields_ if f not in ("n", "eps", "vocab")},
+                           n=self.n, eps=model["eps"], vocab=self.vocab)
+        self.layers = (Layer * len(layers))()
+        self.reads = [None] * len(layers)  # the plan tensors each layer points into
+        for lay, w, cache in zip(self.layers, layers, self.caches):
             for name, _ in Layer._fields_[:12]:
                 setattr(lay, name, _ptr(w[name]))
-            lay.eps1, lay.eps2 = w["eps1"], w["eps2"]
-            lay.hidden = w["hidden"]
+            lay.eps1, lay.eps2, lay.hidden = w["eps1"], w["eps2"], w["hidden"]
             lay.k, lay.v, lay.length = cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[2]
+            lay.slots, lay.positions = cache.plan.slots.ctypes.data, cache.positions.data_ptr()
+            if cache.unmasked:  # the same rule at every step: slots [0, hi[t])
+                lay.hi, lay.t0, lay.t1 = cache.plan.hi.ctypes.data, 0, cache.n
+        self.lo = self.hi = 0  # the steps every layer's plan covers: [lo, hi)
 
-    def step(self, x: torch.Tensor, t: int) -> torch.Tensor:
-        """x (B, dim) float32 at position t -> the stack's output (B, dim); stores every layer's k, v."""
-        b = self.caches[0].k.shape[0]
-        if x.dim() != 2 or x.shape[0] != b or x.dtype != torch.float32:
-            raise ShapeError(f"a decode step of these caches takes ({b}, dim) float32 inputs (one row per "
-                             f"sequence they were made for); got {tuple(x.shape)} {x.dtype}")
-        x = x.contiguous().clone()
-        keep = []
-        for lay, cache in zip(self.layers, self.caches):
-            lay.slot, hi, index, bias = cache.begin(t)
-            lay.nread = hi if index is None else index.shape[-1]
-            if index is not None:
-                index = index.reshape(-1, lay.nread).to(torch.int64).contiguous()
-            if bias is not None:
-                bias = bias.reshape(-1, lay.nread).contiguous()
-            lay.index, lay.index_heads = _ptr(index), 1 if index is None else index.shape[0]
-            lay.bias, lay.bias_heads = _ptr(bias), 1 if bias is None else bias.shape[0]
-            keep.append((index, bias))
-        _call(_lib.imggen_blocks, self.layers, len(self.layers), x.data_ptr(), x.shape[0], x.shape[1], self.heads)
-        return x
+    def _plan(self, t: int) -> None:
+        """Point every layer whose plan does not cover step t at one that does."""
+        for i, (lay, cache) in enumerate(zip(self.layers, self.caches)):
+            if lay.t0 <= t < lay.t1:
+                continue
+            if cache.planned and cache.pattern.head_count(self.heads) in (1, self.heads):
+                r = cache.plan_at(t)  # index (steps, 1 or H, K) or None, bias (steps, 1 or H, K or capacity)
+                index, bias, nread = r.index, r.bias, cache.capacity if r.index is None else r.index.shape[-1]
+                lay.t0, lay.t1 = r.t0, r.t1
+            else:  # this step's reads, computed now: index, bias (1 or H, K) or None
+                _, hi, index, bias = cache.begin(t)
+                nread = hi if index is None else index.shape[-1]
+                lay.t0, lay.t1 = t, t + 1
+            index, bias = (None if x is None else x.reshape(-1, x.shape[-2], nread).to(dtype).contiguous()
+                           for x, dtype in ((index, torch.int64), (bias, torch.float32)))
+            lay.nread = nread
+            lay.index, lay.index_heads = _ptr(index), 1 if index is None else index.shape[1]
+            lay.bias, lay.bias_heads = _ptr(bias), 1 if bias is None else bias.shape[1]
+            self.reads[i] = (index, bias)
+        self.lo, self.hi = max(lay.t0 for lay in self.layers), min(lay.t1 for lay in self.layers)
+
+    def step(self, prev: torch.Tensor | None, t: int, features: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, vocab) at position t given token t-1 (prev, (B,) int64; None at t = 0) and a
+        context model's features (B, dim) of position t (None without a context); stores every
+        layer's key and value of position t."""
+        b = self.batch
+        if not 0 <= t < self.n or (t > 0 and (prev is None or prev.dim() != 1 or prev.shape[0] != b)):
+            got = "no token" if prev is None else f"tokens {tuple(prev.shape)}"
+            raise ShapeError(f"a decode step of these caches takes a position in 0..{self.n - 1} and, after 0, the "
+                             f"previous token of each of the {b} sequences they were made for; got t={t}, {got}")
+        if not self.lo <= t < self.hi:
+            self._plan(t)
+        prev_ptr, prev_stride = None, 0
+        if t > 0:
+            prev = prev if prev.dtype == torch.int64 else prev.long()
+            prev_ptr, prev_stride = prev.data_ptr(), prev.stride(0)
+        ldf = 0
+        if features is not None:
+            features = features if features.stride(-1) == 1 else features.contiguous()
+            ldf = features.stride(0)
+        x, logits = torch.empty(b, self.dim), torch.empty(b, self.vocab)
+        rc = _lib.imggen_step(self.layers, len(self.layers), ctypes.byref(self.model), t, prev_ptr, prev_stride,
+                              _ptr(features), ldf, x.data_ptr(), logits.data_ptr(), b, self.dim, self.heads)
+        if rc == -2:
+            raise ShapeError(f"tokens must be in 0..{self.vocab - 1}; got {prev.min().item()}..{prev.max().item()}")
+        if rc != 0:
+            raise MemoryError("imggen_step: out of memory")
+        return logits
 
 
 def selfcheck() -> None:

@@ -9,7 +9,7 @@ back: at 16 rows those linears ran 1.40-1.64x faster on two threads, 0.90-1.31x 
 runs, bench/RESULTS.md section 8). The copy is made once per decoding run and held by its caches,
 so a run always sees the weights of its start. Where imggen.native's kernels are available, the
 panels feed them instead of `baddbmm` (`panel_linear`), and `step_blocks` hands a model's whole
-stack of blocks to one native call per step.
+decode step (embedding, blocks and head) to one native call.
 """
 from __future__ import annotations
 
@@ -103,19 +103,27 @@ def step_linear(model: nn.Module, caches):
     return functools.partial(panel_linear, store=store) if large else reference_linear
 
 
-def step_blocks(model: nn.Module, caches):
-    """imggen.native.Blocks for the decode steps of `model`'s blocks through `caches` (their
-    weights packed once into the caches' store), or None where some layer cannot take it (not
-    float32 on CPU, a diffuser or grouped cache, debugging, no native kernels, autograd on)."""
+def native_step(model: nn.Module, caches):
+    """imggen.native.ModelStep for the decode steps of `model` through `caches` (its weights packed
+    once into the caches' store), or None where some layer cannot take it (not float32 on CPU, a
+    diffuser or grouped cache, debugging, no native kernels, autograd on)."""
     store = getattr(caches, "packed", None)
     if store is None or torch.is_grad_enabled():
         return None
-    if "blocks" not in store:
+    if "native" not in store:
         ok = all(getattr(c, "fused", False) for c in caches) and model.start.dtype == torch.float32 \
             and PANEL == native.PANEL
-        store["blocks"] = native.Blocks([_block_weights(b, store) for b in model.blocks], caches,
-                                        model.config.heads) if ok else None
-    return store["blocks"]
+        store["native"] = native.ModelStep(_model_weights(model, store), [_block_weights(b, store) for b in model.blocks],
+                                           caches, model.config.heads) if ok else None
+    return store["native"]
+
+
+def _model_weights(model: nn.Module, store: dict) -> dict:
+    head, head_b = _packed(model.head, store)
+    return dict(tok=model.tok_emb.weight.detach(), start=model.start.detach(), row=model.row_emb.weight.detach(),
+                col=model.col_emb.weight.detach(), chan=model.chan_emb.weight.detach(), pos=model.pos_index,
+                lnf_w=model.ln_f.weight.detach(), lnf_b=model.ln_f.bias.detach(), eps=model.ln_f.eps,
+                head=head, head_b=None if head_b is None else head_b.reshape(-1))
 
 
 def _block_weights(block: nn.Module, store: dict) -> dict:

@@ -76,7 +76,7 @@ def test_teacher_force_parity(case, channels, linear, monkeypatch):
     caches = make_caches(model, 2, "evict")
     model.step(None, 0, caches)
     assert (model.head in caches.packed) == (linear != "layers")  # the path the test names ran
-    fused = caches.packed.get("blocks") is not None
+    fused = caches.packed.get("native") is not None
     assert fused == (linear == "native" and all(isinstance(c, dec.Cache) and c.z is None for c in caches))
     p = model.config.seq_len // 2 + 1  # prefill, then decode
     out = teacher_force(model, x, cache="evict", prefill=p)
@@ -282,9 +282,20 @@ def test_inpaint_keeps_known_pixels_and_rank_picks_the_most_likely():
     assert torch.isclose(best_lp[0], lps.max()) and torch.equal(best[0], cands[lps.argmax()])
 
 
+def _native_or_debug(path, monkeypatch):
+    """path "native": the debug checks off, so that steps run in imggen.native's one-call step."""
+    if path == "native":
+        if not imggen.native.available():
+            pytest.skip("no native kernels here (no C compiler)")
+        monkeypatch.setattr(dec, "DEBUG", False)
+
+
+@pytest.mark.parametrize("path", ["debug", "native"])
 @pytest.mark.parametrize("case", ["band", "local2d", "bigbird", "diffuser", "strided"])
-def test_keep_all_baseline_parity(case):
-    """The keep-everything baseline of bench/decode.py (same code, nothing evicted) is exact too."""
+def test_keep_all_baseline_parity(case, path, monkeypatch):
+    """The keep-everything baseline of bench/decode.py (same code, nothing evicted) is exact too
+    (natively: masks computed at every step)."""
+    _native_or_debug(path, monkeypatch)
     model = _model(1, **CASES[case])
     cfg = model.config
     x = torch.randint(0, 16, (2, cfg.seq_len))
@@ -364,10 +375,14 @@ def test_random_configs_parity(draw):
         assert (teacher_force(model, x, cache="evict", prefill=prefill) - ref).abs().max() <= 1e-4, prefill
 
 
-@pytest.mark.parametrize("case", ["local2d", "bigbird", "diffuser", "strided"])
-def test_read_plans_in_short_windows(case, monkeypatch):
-    """Read plans are computed PLAN_STEPS steps at a time (bounded memory): many windows, same logits."""
+@pytest.mark.parametrize("path", ["debug", "native"])
+@pytest.mark.parametrize("case", ["local2d", "bigbird", "diffuser", "strided", "mixed"])
+def test_read_plans_in_short_windows(case, path, monkeypatch):
+    """Read plans are computed PLAN_STEPS steps at a time (bounded memory): many windows, same logits
+    (natively: layers whose plans end at different steps)."""
     monkeypatch.setattr(dec, "PLAN_STEPS", 7)
+    monkeypatch.setattr(dec, "MIN_PLAN_STEPS", 5)
+    _native_or_debug(path, monkeypatch)
     model = _model(3, **CASES[case])
     x = torch.randint(0, 16, (2, model.config.seq_len), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():

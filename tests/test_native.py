@@ -133,8 +133,9 @@ def test_build_is_cached_per_source(tmp_path, monkeypatch):
 
 
 
-def test_blocks_reject_another_batch():
-    """A step with more sequences than the caches hold is a clear error, not a write past them."""
+def test_model_step_rejects_another_batch_a_bad_position_or_token():
+    """A step with more sequences than the caches hold, past the last position or with a token
+    outside the vocabulary is a clear error, not a read or write past the buffers."""
     from imggen.config import ModelConfig
     from imggen.decode import make_caches
     from imggen.errors import ShapeError
@@ -144,6 +145,13 @@ def test_blocks_reject_another_batch():
     caches = make_caches(model, 2)
     with torch.no_grad():
         model.step(None, 0, caches)
-        assert caches.packed.get("blocks") is not None
+        assert isinstance(caches.packed.get("native"), native.ModelStep)
         with pytest.raises(ShapeError, match="decode step"):
             model.step(torch.zeros(3, dtype=torch.long), 1, caches)
+        with pytest.raises(ShapeError, match="decode step"):
+            model.step(None, 1, caches)
+        with pytest.raises(ShapeError, match="decode step"):
+            model.step(torch.zeros(2, dtype=torch.long), 20, caches)
+        with pytest.raises(ShapeError, match="0..15"):
+            model.step(torch.tensor([3, 16]), 1, caches)
+        assert int(caches[0].positions.max()) == 0  # nothing was stored by the refused steps
