@@ -32,12 +32,23 @@ static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); retur
 static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
 static inline v16 splat(float x) { return (v16){0} + x; }
 
+/* lanes of a where m is set (all ones), else of b: a select the compiler keeps in vector registers */
+static inline v16 sel(vi16 m, v16 a, v16 b) {
+    vi16 ai, bi;
+    memcpy(&ai, &a, sizeof ai);
+    memcpy(&bi, &b, sizeof bi);
+    ai = (ai & m) | (bi & ~m);
+    memcpy(&a, &ai, sizeof a);
+    return a;
+}
+
 /* exp of 16 floats: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], degree-6 polynomial (relative
  * error about 2e-7, the size of float32 rounding); x below -87.3 gives 0, above 88.7 gives inf */
 static inline v16 vexp(v16 x) {
     const v16 big = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
-    v16 xc = x;
-    for (int i = 0; i < 16; i++) xc[i] = xc[i] < -87.3f ? -87.3f : (xc[i] > 88.7f ? 88.7f : xc[i]);
+    const v16 lo = splat(-87.3f), hi = splat(88.7f);
+    vi16 under = x < lo, over = x > hi;
+    v16 xc = sel(under, lo, sel(over, hi, x));
     v16 n = (xc * 1.44269504088896341f + big) - big;
     v16 r = xc - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
@@ -51,12 +62,7 @@ static inline v16 vexp(v16 x) {
     vi16 e = (__builtin_convertvector(n, vi16) + 127) << 23;
     v16 scale;
     memcpy(&scale, &e, sizeof scale);
-    v16 y = p * scale;
-    for (int i = 0; i < 16; i++) {
-        if (x[i] < -87.3f) y[i] = 0.0f;
-        else if (x[i] > 88.7f) y[i] = INFINITY;
-    }
-    return y;
+    return sel(under, splat(0.0f), sel(over, splat(INFINITY), p * scale));
 }
 
 /* torch's GELU, approximate="tanh": 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), with
@@ -385,4 +391,54 @@ int imggen_step(const imggen_layer *layers, int n, const imggen_model *m, int64_
     }
     if (blocks(layers, n, t, x, B, dim, H)) return -1;
     return imggen_linear(x, B, dim, dim, m->lnf_w, m->lnf_b, m->eps, m->head, m->head_b, m->vocab, 0, NULL, logits);
+}
+
+/* One sampling draw per row b of logits (B, V) (imggen.sampling._pick and _loglik): the token is the
+ * argmax when greedy, else the inverse CDF of softmax(logits / temperature) at u[b * us] (the first
+ * token whose cumulative probability exceeds u times the total, kept below the top); a row with
+ * mask[b * ks] set takes known[b * ks] instead. Writes tokens[b * ts] and adds the token's
+ * log-probability under softmax(logits) to logp[b]. Returns 0, or -1 if out of memory. */
+int imggen_draw(const float *logits, int B, int V, const float *u, int64_t us, float temperature, int greedy,
+                 const int64_t *known, const uint8_t *mask, int64_t ks, int64_t *tokens, int64_t ts, float *logp) {
+    float *cdf = malloc(sizeof(float) * V);
+    if (!cdf) return -1;
+    for (int b = 0; b < B; b++) {
+        const float *l = logits + (int64_t)b * V;
+        float top = l[0];
+        for (int i = 1; i < V; i++) top = l[i] > top ? l[i] : top;
+        int best = 0;  /* the first maximum, as torch.argmax */
+        while (best < V - 1 && l[best] != top) best++;
+        int64_t tok = best;
+        if (mask && mask[b * ks]) {
+            tok = known[b * ks];
+        } else if (!greedy) {
+            float mx = l[best] / temperature, sum = 0.0f, run = 0.0f;
+            int i = 0;
+            for (; i + 16 <= V; i += 16) {
+                v16 e = vexp(load16(l + i) / temperature - mx);
+                store16(cdf + i, e);
+                sum += hsum(e);
+            }
+            for (; i < V; i++) sum += cdf[i] = expf(l[i] / temperature - mx);
+            for (i = 0; i + 16 <= V; i += 16) store16(cdf + i, load16(cdf + i) / sum);
+            for (; i < V; i++) cdf[i] /= sum;
+            for (i = 0; i < V; i++) cdf[i] = run += cdf[i];
+            float x = fminf(u[b * us] * run, nextafterf(run, 0.0f));
+            int lo = 0, hi = V - 1;  /* the first i with cdf[i] > x (cdf[V - 1] = run > x) */
+            while (lo < hi) {
+                int mid = (lo + hi) / 2;
+                if (cdf[mid] > x) hi = mid;
+                else lo = mid + 1;
+            }
+            tok = lo;
+        }
+        float sum = 0.0f;
+        int i = 0;
+        for (; i + 16 <= V; i += 16) sum += hsum(vexp(load16(l + i) - l[best]));
+        for (; i < V; i++) sum += expf(l[i] - l[best]);
+        tokens[b * ts] = tok;
+        logp[b] += l[tok] - l[best] - logf(sum);
+    }
+    free(cdf);
+    return 0;
 }

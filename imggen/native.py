@@ -82,7 +82,9 @@ def _load(path: str) -> ctypes.CDLL:
     lib.imggen_attend.argtypes = [p, p, p, i64, i64, p, p, i32, i32, i64, i32, p, i32, i64, p, i32, p]
     lib.imggen_step.argtypes = [ctypes.POINTER(Layer), i32, ctypes.POINTER(Model), i64, p, i64, p, i64, p, p, i32,
                                 i32, i32]
+    lib.imggen_draw.argtypes = [p, i32, i32, p, i64, f32, i32, p, p, i64, p, i64, p]
     lib.imggen_linear.restype = lib.imggen_attend.restype = lib.imggen_step.restype = ctypes.c_int
+    lib.imggen_draw.restype = ctypes.c_int
     return lib
 
 
@@ -268,6 +270,22 @@ class ModelStep:
         if rc != 0:
             raise MemoryError("imggen_step: out of memory")
         return logits
+
+
+def draw(logits: torch.Tensor, u: torch.Tensor, temperature: float, tokens: torch.Tensor, logp: torch.Tensor,
+         known: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> None:
+    """imggen.sampling's draw of one position for logits (B, V) float32: tokens (B,) int64 (a
+    column view) <- the argmax when temperature is 0, else the inverse CDF of the tempered softmax
+    at u (B,) float32; known (B,) int64 where mask (B,) bool; logp (B,) float32 += the tokens'
+    log-probabilities under softmax(logits). Views may be strided (columns of (B, N) tensors)."""
+    logits = logits.contiguous()
+    b, v = logits.shape
+    ks = 0 if mask is None else mask.stride(0)
+    if mask is not None and known.stride(0) != ks:
+        known, mask = known.contiguous(), mask.contiguous()
+        ks = 1
+    _call(_lib.imggen_draw, logits.data_ptr(), b, v, u.data_ptr(), u.stride(0), float(temperature),
+          int(temperature == 0), _ptr(known), _ptr(mask), ks, tokens.data_ptr(), tokens.stride(0), logp.data_ptr())
 
 
 def selfcheck() -> None:

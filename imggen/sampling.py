@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from imggen import native
 from imggen.decode import make_caches
 from imggen.errors import ConfigError, ImggenError, ShapeError
 from imggen.model import check_range
@@ -126,6 +127,7 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
     bar = tqdm(total=n - start, desc="sampling", unit="tok", unit_scale=batch_size, disable=not progress,
                leave=False)
     t, large = start, is_large(model)
+    fast = device.type == "cpu" and top_k is None and draws.dtype == torch.float32 and native.available()
     first_draw = next((i for i in range(start, n) if not run_end[i]), n)
     while t < n:
         decode_tick(batch_size, large)
@@ -139,11 +141,15 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
             logits = model.step(tokens[:, t - 1] if t else None, t, caches, feats)
             if t == first_draw:  # fail early on a broken model
                 _check_finite(logits)
-            nxt = _pick(logits, temperature, top_k, draws[:, t])
-            if known_mask is not None:
-                nxt = torch.where(known_mask[:, t], known[:, t], nxt)
-            tokens[:, t] = nxt
-            logp += _loglik(logits[:, None], tokens[:, t:u])
+            if fast and logits.dtype == torch.float32:  # the same draw in one native call
+                native.draw(logits, draws[:, t], temperature, tokens[:, t], logp,
+                            *(() if known_mask is None else (known[:, t], known_mask[:, t])))
+            else:
+                nxt = _pick(logits, temperature, top_k, draws[:, t])
+                if known_mask is not None:
+                    nxt = torch.where(known_mask[:, t], known[:, t], nxt)
+                tokens[:, t] = nxt
+                logp += _loglik(logits[:, None], tokens[:, t:u])
         bar.update(u - t)
         t = u
     bar.close()

@@ -236,6 +236,30 @@ def test_draws_follow_the_softmax_and_never_pick_what_top_k_drops():
     assert sampling._pick(logits[:3], 0.0, None, edges).tolist() == [3, 3, 3]  # temperature 0: greedy
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_native_draws_equal_the_pytorch_draws(temperature, monkeypatch):
+    """sample() draws through imggen.native.draw where it can; the PyTorch draw (_pick, _loglik)
+    gives the same images and log-likelihoods, unconditional and with known pixels."""
+    if not imggen.native.available():
+        pytest.skip("no native kernels here (no C compiler)")
+    model = _model(3, **CASES["local2d"])
+    n = model.config.seq_len
+    known = torch.randint(0, 16, (4, n), generator=torch.Generator().manual_seed(2))
+    mask = torch.rand(4, n, generator=torch.Generator().manual_seed(3)) < 0.5
+    calls = []
+    monkeypatch.setattr(imggen.native, "draw", lambda *a, _d=imggen.native.draw: calls.append(1) or _d(*a))
+    fast = [sample(model, 4, seed=1, temperature=temperature, return_logprob=True),
+            sample(model, 4, known, mask, seed=1, temperature=temperature, return_logprob=True)]
+    assert calls
+    monkeypatch.setattr(sampling, "native", type("NoNative", (), {"available": staticmethod(lambda: False)}))
+    slow = [sample(model, 4, seed=1, temperature=temperature, return_logprob=True),
+            sample(model, 4, known, mask, seed=1, temperature=temperature, return_logprob=True)]
+    for (tf, lf), (ts, ls) in zip(fast, slow):
+        assert torch.equal(tf, ts)
+        torch.testing.assert_close(lf, ls, rtol=1e-5, atol=1e-5)
+    assert torch.equal(fast[1][0][mask], known[mask])
+
+
 @pytest.mark.parametrize("temperature", [float("nan"), -1.0, float("inf")])
 def test_bad_temperature_is_a_clear_error(temperature):
     with pytest.raises(ConfigError, match="temperature"):
