@@ -1,13 +1,14 @@
 """The presets on this CPU: sampling, training memory, and shared cores, for one checkout or two.
 
     python bench/presets.py [--before /path/to/old/checkout] [--parts grid,inpaint,memory,shared]
-                            [--out bench/results/presets.md]
+                            [--repeat N] [--out bench/results/presets.md]
 
 Every measurement runs in a fresh process that imports imggen from the checkout being measured, with
 that checkout's default thread behaviour (what a user of it gets), so a `--before` checkout (e.g. a
 `git worktree` of an older commit) gives the before column:
 * grid: seconds to sample a 16-image grid (batch 16, eviction caches, random weights: the speed does
-  not depend on them) for the brats and cifar presets, and decode tokens/s;
+  not depend on them) for the brats and cifar presets, and decode tokens/s; `--repeat N` runs each
+  checkout N times, taking turns, with the speed-up of each pair and their median;
 * inpaint: seconds to fill the holes of 2 images, best of 8 candidates each (one batch of 16:
   `generate(..., rank=8)`, as bench/inpaint.py's unconditional column), random weights and tokens,
   for two mask kinds: "lesions" (three discs per image, ~2% of the pixels, like brats-demo's masks)
@@ -213,6 +214,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", help="another checkout (e.g. a git worktree of an older commit)")
     ap.add_argument("--parts", default="grid,inpaint,memory,shared")
+    ap.add_argument("--repeat", type=int, default=1, help="grid runs per preset and checkout, taking turns (default 1)")
     ap.add_argument("--out", default=os.path.join(HERE, "bench", "results", "presets.md"))
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -229,14 +231,29 @@ def main(argv=None) -> int:
     parts, lines = args.parts.split(","), []
     cols = list(repos)
     if "grid" in parts:
+        two = len(cols) == 2
         lines += ["## Sampling a 16-image grid (batch 16, random weights)", "",
-                  "| preset | " + " | ".join(f"{c}: s (tokens/s, threads)" for c in cols) + " |",
-                  "|---|" + "---|" * len(cols)]
+                  "| preset | run | " + " | ".join(f"{c}: s (tokens/s, threads)" for c in cols)
+                  + (" | speed-up |" if two else " |"), "|---|---|" + "---|" * (len(cols) + two)]
         for preset in ("brats", "cifar"):
-            res = [run_worker(repos[c], "grid", preset) for c in cols]
-            lines.append(f"| {preset} | " + " | ".join(
-                r.get("error") or f"{r['seconds']:.1f} ({r['tokens_per_s']:.0f}, {r['threads']})" for r in res) + " |")
-            print(lines[-1], flush=True)
+            ratios = []
+            for i in range(args.repeat):
+                # the checkouts take turns at going first: a drift of the machine's speed within a
+                # run (this box: up to 1.5x) then falls on both columns alike
+                res = {c: run_worker(repos[c], "grid", preset) for c in (cols if i % 2 == 0 else cols[::-1])}
+                ratio = []
+                if two:
+                    ok = not any("error" in r for r in res.values())
+                    ratios += [res["before"]["seconds"] / res["after"]["seconds"]] if ok else []
+                    ratio = [f"{ratios[-1]:.2f}x" if ok else "-"]
+                lines.append(f"| {preset} | {i + 1} | " + " | ".join(
+                    [res[c].get("error") or f"{res[c]['seconds']:.1f} ({res[c]['tokens_per_s']:.0f}, "
+                     f"{res[c]['threads']})" for c in cols] + ratio) + " |")
+                print(lines[-1], flush=True)
+            if len(ratios) > 1:
+                lines.append(f"| {preset} | median (min-max) of {len(ratios)} | " + " | " * (len(cols) - 1)
+                             + f" | {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x) |")
+                print(lines[-1], flush=True)
         lines.append("")
     if "inpaint" in parts:
         lines += ["## Inpainting 2 images, best of 8 each (one batch of 16, random weights)", "",

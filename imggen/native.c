@@ -15,6 +15,7 @@
  *   costs one call from Python.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,27 @@ static void block(const float *xt, int m, int K, const float *w, const float *b,
     }
 }
 
+/* mean and 1 / sqrt(variance + eps) of a row of K floats, as torch's LayerNorm */
+static void row_stats(const float *row, int K, float eps, float *mean, float *rstd) {
+    if (K % 16 == 0) {  /* two passes, 16 lanes of float sums (torch sums in float too) */
+        v16 acc = splat(0.0f);
+        for (int k = 0; k < K; k += 16) acc += load16(row + k);
+        *mean = hsum(acc) / K;
+        acc = splat(0.0f);
+        for (int k = 0; k < K; k += 16) {
+            v16 c = load16(row + k) - *mean;
+            acc += c * c;
+        }
+        *rstd = 1.0f / sqrtf(hsum(acc) / K + eps);
+    } else {
+        double s = 0.0, ss = 0.0;
+        for (int k = 0; k < K; k++) s += row[k];
+        *mean = (float)(s / K);
+        for (int k = 0; k < K; k++) ss += (double)(row[k] - *mean) * (row[k] - *mean);
+        *rstd = (float)(1.0 / sqrt(ss / K + eps));
+    }
+}
+
 /* x (M, K), rows ldx apart; ln_w / ln_b: NULL, or the LayerNorm (over K, eps) applied to x first;
  * panels (ceil(N/16), K, 16); bias NULL or (ceil(N/16) * 16,) zero-padded; act 1 = GELU (tanh);
  * add NULL or (M, N) added last; y (M, N). Returns 0, or -1 if out of memory. */
@@ -112,45 +134,37 @@ int imggen_linear(const float *x, int64_t M, int K, int64_t ldx, const float *ln
     int64_t nb = (M + R - 1) / R;
     float *xt = aligned_alloc(64, (sizeof(float) * K * R * nb + 63) / 64 * 64);
     if (!xt) return -1;
-    for (int64_t c = 0; c < nb; c++) {  /* x (normalised) transposed into blocks of R rows */
-        float *dst = xt + c * K * R;
-        int m = M - c * R < R ? (int)(M - c * R) : R;
-        for (int r = 0; r < m; r++) {
-            const float *row = x + (c * R + r) * ldx;
-            float mean = 0.0f, rstd = 1.0f;
-            if (ln_w) {
-                if (K % 16 == 0) {  /* two passes, 16 lanes of float sums (torch sums in float too) */
-                    v16 acc = splat(0.0f);
-                    for (int k = 0; k < K; k += 16) acc += load16(row + k);
-                    mean = hsum(acc) / K;
-                    acc = splat(0.0f);
-                    for (int k = 0; k < K; k += 16) {
-                        v16 c = load16(row + k) - mean;
-                        acc += c * c;
-                    }
-                    rstd = 1.0f / sqrtf(hsum(acc) / K + eps);
-                } else {
-                    double s = 0.0, ss = 0.0;
-                    for (int k = 0; k < K; k++) s += row[k];
-                    mean = (float)(s / K);
-                    for (int k = 0; k < K; k++) ss += (double)(row[k] - mean) * (row[k] - mean);
-                    rstd = (float)(1.0 / sqrt(ss / K + eps));
-                }
-                for (int k = 0; k < K; k++) dst[k * R + r] = (row[k] - mean) * rstd * ln_w[k] + ln_b[k];
-            } else {
-                for (int k = 0; k < K; k++) dst[k * R + r] = row[k];
-            }
-        }
-        for (int k = 0; k < K; k++) for (int r = m; r < R; r++) dst[k * R + r] = 0.0f;
-    }
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int p = 0; p < np; p++)
+#pragma omp parallel
+    {
+        /* x (normalised) transposed into blocks of R rows: each thread a range of k (whole 16-float
+         * tiles, so that no two threads write one cache line), each row's statistics its own copy */
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int k0 = (int)((int64_t)K * id / nt) & ~15, k1 = id == nt - 1 ? K : (int)((int64_t)K * (id + 1) / nt) & ~15;
         for (int64_t c = 0; c < nb; c++) {
+            float *dst = xt + c * K * R;
             int m = M - c * R < R ? (int)(M - c * R) : R;
-            int ncols = N - p * P < P ? N - p * P : P;
-            block(xt + c * K * R, m, K, panels + (int64_t)p * K * P, bias ? bias + p * P : NULL, act,
-                  add ? add + c * R * N + p * P : NULL, y + c * R * N + p * P, N, ncols);
+            for (int r = 0; r < m; r++) {
+                const float *row = x + (c * R + r) * ldx;
+                if (ln_w) {
+                    float mean, rstd;
+                    row_stats(row, K, eps, &mean, &rstd);
+                    for (int k = k0; k < k1; k++) dst[k * R + r] = (row[k] - mean) * rstd * ln_w[k] + ln_b[k];
+                } else {
+                    for (int k = k0; k < k1; k++) dst[k * R + r] = row[k];
+                }
+            }
+            for (int k = k0; k < k1; k++) for (int r = m; r < R; r++) dst[k * R + r] = 0.0f;
         }
+#pragma omp barrier
+#pragma omp for collapse(2) schedule(static)
+        for (int p = 0; p < np; p++)
+            for (int64_t c = 0; c < nb; c++) {
+                int m = M - c * R < R ? (int)(M - c * R) : R;
+                int ncols = N - p * P < P ? N - p * P : P;
+                block(xt + c * K * R, m, K, panels + (int64_t)p * K * P, bias ? bias + p * P : NULL, act,
+                      add ? add + c * R * N + p * P : NULL, y + c * R * N + p * P, N, ncols);
+            }
+    }
     free(xt);
     return 0;
 }

@@ -35,6 +35,29 @@ def test_linear_matches_the_reference(m, inp, out, fuse, bias):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
+@pytest.mark.parametrize("threads", [1, 3, 5])
+@pytest.mark.parametrize("inp", [8, 24, 40, 1000])
+def test_linear_splits_its_rows_over_any_thread_count(threads, inp):
+    """Each thread normalises and transposes its own range of the input's columns (whole 16-column
+    tiles; a thread may get none): the result is the same for any thread count."""
+    g = torch.Generator().manual_seed(inp + threads)
+    layer, ln = torch.nn.Linear(inp, 33), torch.nn.LayerNorm(inp)
+    with torch.no_grad():
+        for p in (*layer.parameters(), *ln.parameters()):
+            p.copy_(torch.randn(p.shape, generator=g))
+    x = torch.randn(21, inp, generator=g)
+    panels, b = _pack(layer)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            got = native.linear(x, panels, b, 33, ln=ln, act=True)
+            want = reference_linear(layer, x, ln=ln, act=True)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
 def test_linear_reads_strided_rows():
     """x rows any stride apart (a view into a wider buffer), as the decode step passes them."""
     layer = torch.nn.Linear(32, 20)
