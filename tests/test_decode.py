@@ -47,6 +47,14 @@ def _model(channels, seed=0, height=5, width=7, **kw):
     return ImageTransformer(cfg).eval()
 
 
+def _native_or_debug(path, monkeypatch):
+    """path "native": the debug checks off, so that steps run in imggen.native's one-call step."""
+    if path == "native":
+        if not imggen.native.available():
+            pytest.skip("no native kernels here (no C compiler)")
+        monkeypatch.setattr(dec, "DEBUG", False)
+
+
 @pytest.mark.parametrize("linear", ["layers", "panels", "native"])
 @pytest.mark.parametrize("channels", [1, 3])
 @pytest.mark.parametrize("case", list(CASES))
@@ -83,14 +91,16 @@ def test_teacher_force_parity(case, channels, linear, monkeypatch):
     assert (out - ref).abs().max() <= 1e-4
 
 
+@pytest.mark.parametrize("path", ["debug", "native"])
 @pytest.mark.parametrize("parts", ["whole", "split"])
 @pytest.mark.parametrize("cache", ["evict", "full"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_extend_runs_equal_the_forward(case, cache, parts, monkeypatch):
+def test_extend_runs_equal_the_forward(case, cache, parts, path, monkeypatch):
     """model.extend (a run of known positions in one pass) mixed with decode steps gives the
-    forward's logits and leaves the caches as the steps would (debug mode checks every slot); runs
-    longer than a ring wrap around it; "split": the model passes each run in parts of 3 positions
-    and the caches attend in parts of one."""
+    forward's logits and leaves the caches as the steps would (debug mode checks every slot; the
+    native steps then read what extend stored); runs longer than a ring wrap around it; "split":
+    the model passes each run in parts of 3 positions and the caches attend in parts of one."""
+    _native_or_debug(path, monkeypatch)
     if parts == "split":
         monkeypatch.setattr(dec, "EXTEND_BYTES", 1)
         monkeypatch.setattr(imggen.model, "EXTEND_TOKENS", 6)
@@ -114,10 +124,12 @@ def test_extend_runs_equal_the_forward(case, cache, parts, monkeypatch):
         model.extend(x[:, :3], 0, caches)
 
 
+@pytest.mark.parametrize("path", ["debug", "native"])
 @pytest.mark.parametrize("case", ["local2d", "diffuser", "mixed"])
-def test_sampling_known_runs_in_one_pass_equals_steps(case, monkeypatch):
+def test_sampling_known_runs_in_one_pass_equals_steps(case, path, monkeypatch):
     """Inpainting passes runs of positions known for every image through model.extend: greedy fills
     and log-likelihoods equal those of decoding every position by steps."""
+    _native_or_debug(path, monkeypatch)
     model = _model(3, **CASES[case])
     n = model.config.seq_len
     known = torch.randint(0, 16, (2, n), generator=torch.Generator().manual_seed(4))
@@ -304,14 +316,6 @@ def test_inpaint_keeps_known_pixels_and_rank_picks_the_most_likely():
     cands, lps = generate(model, 4, seed=7, batch_size=3)  # the same four sequences, unranked
     assert len(set(lps.tolist())) == 4
     assert torch.isclose(best_lp[0], lps.max()) and torch.equal(best[0], cands[lps.argmax()])
-
-
-def _native_or_debug(path, monkeypatch):
-    """path "native": the debug checks off, so that steps run in imggen.native's one-call step."""
-    if path == "native":
-        if not imggen.native.available():
-            pytest.skip("no native kernels here (no C compiler)")
-        monkeypatch.setattr(dec, "DEBUG", False)
 
 
 @pytest.mark.parametrize("path", ["debug", "native"])
