@@ -4,8 +4,9 @@ A decode step multiplies a few rows (one per sequence) by every weight of the mo
 few cache slots per head; in PyTorch that is MKL's small-M GEMMs (3-6 GB/s of weights on the test
 box) and dozens of small ops per layer. `linear` (with the LayerNorm before it and the GELU /
 residual after it fused) and `attend` (storing the new key and value first) do the same arithmetic
-in one call each, and `Blocks` a whole stack of layers per step (float32, OpenMP on torch's own
-thread pool): see bench/RESULTS.md section 8 for the figures.
+in one call each, `ModelStep` a whole decode step of a model (embedding, every layer with its
+cache's read plan, final LayerNorm and head) and `draw` sampling's draw of the next tokens (float32,
+OpenMP on torch's own thread pool): see bench/RESULTS.md section 8 for the figures.
 
 The library is built once per machine with the system C compiler (`cc -O3 -march=native -fopenmp`;
 building and checking took about a second on the test box) into IMGGEN_CACHE_DIR (default ~/.cache/imggen), keyed by the source and the

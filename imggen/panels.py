@@ -8,7 +8,7 @@ contiguous (in, PANEL) block, and runs one batched GEMM over the panels, every p
 back: at 16 rows those linears ran 1.40-1.64x faster on two threads, 0.90-1.31x on one (three
 runs, bench/RESULTS.md section 8). The copy is made once per decoding run and held by its caches,
 so a run always sees the weights of its start. Where imggen.native's kernels are available, the
-panels feed them instead of `baddbmm` (`panel_linear`), and `step_blocks` hands a model's whole
+panels feed them instead of `baddbmm` (`panel_linear`), and `native_step` hands a model's whole
 decode step (embedding, blocks and head) to one native call.
 """
 from __future__ import annotations
