@@ -37,7 +37,7 @@ def test_linear_matches_the_reference(m, inp, out, fuse, bias):
 
 @pytest.mark.parametrize("threads", [1, 3, 5])
 @pytest.mark.parametrize("inp", [8, 24, 40, 1000])
-def test_linear_splits_its_rows_over_any_thread_count(threads, inp):
+def test_linear_splits_its_input_over_any_thread_count(threads, inp):
     """Each thread normalises and transposes its own range of the input's columns (whole 16-column
     tiles; a thread may get none): the result is the same for any thread count."""
     g = torch.Generator().manual_seed(inp + threads)
