@@ -222,6 +222,7 @@ class ModelStep:
             if cache.unmasked:  # the same rule at every step: slots [0, hi[t])
                 lay.hi, lay.t0, lay.t1 = cache.plan.hi.ctypes.data, 0, cache.n
         self.lo = self.hi = 0  # the steps every layer's plan covers: [lo, hi)
+        self.x = torch.empty(self.batch, self.dim)  # the kernel's scratch row per sequence
 
     def _plan(self, t: int) -> None:
         """Point every layer whose plan does not cover step t at one that does."""
@@ -263,9 +264,9 @@ class ModelStep:
         if features is not None:
             features = features if features.stride(-1) == 1 else features.contiguous()
             ldf = features.stride(0)
-        x, logits = torch.empty(b, self.dim), torch.empty(b, self.vocab)
+        logits = torch.empty(b, self.vocab)  # fresh: callers keep each step's logits
         rc = _lib.imggen_step(self.layers, len(self.layers), ctypes.byref(self.model), t, prev_ptr, prev_stride,
-                              _ptr(features), ldf, x.data_ptr(), logits.data_ptr(), b, self.dim, self.heads)
+                              _ptr(features), ldf, self.x.data_ptr(), logits.data_ptr(), b, self.dim, self.heads)
         if rc == -2:
             raise ShapeError(f"tokens must be in 0..{self.vocab - 1}; got {prev.min().item()}..{prev.max().item()}")
         if rc != 0:
