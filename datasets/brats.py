@@ -108,13 +108,24 @@ def _case_files(case: Path) -> dict[str, Path]:
     return files
 
 
+MAX_VOXELS = 2 ** 26  # 512 x 512 x 256: bounds the memory a NIfTI header can make the reader allocate
+
+
 def read_volume(file: Path) -> np.ndarray:
     """float32 (X, Y, Z) in RAS+ orientation; DataError naming the file if it cannot be read."""
     import nibabel as nib
 
     try:
-        img = nib.as_closest_canonical(nib.load(str(file)))
+        img = nib.load(str(file))
+        shape = tuple(int(d) for d in img.shape)
+        if np.prod(shape, dtype=np.float64) > MAX_VOXELS:
+            raise DataError(f"{file}: its header declares {' x '.join(map(str, shape))} voxels, more than "
+                            f"imggen reads ({MAX_VOXELS:,}; a BraTS volume has 8.9 million); the file is "
+                            f"corrupt or not a brain MRI volume")
+        img = nib.as_closest_canonical(img)
         data = np.asarray(img.dataobj, dtype=np.float32)
+    except DataError:
+        raise
     except Exception as e:
         raise DataError(f"{file}: not a readable NIfTI volume ({type(e).__name__}: {e}); re-download the "
                         f"case or remove it{SKIP_HINT}") from None

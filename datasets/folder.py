@@ -15,19 +15,16 @@ from PIL import Image
 
 from imggen.datasets import SKIP_HINT, ImageSplits, read_each, split_indices
 from imggen.errors import ConfigError, DataError
-from imggen.images import to_8bit
+from imggen.images import decoded
 
 EXTENSIONS = {".png", ".jpg", ".jpeg"}
 
 
 def _load_image(file: Path, height: int, width: int, channels: int) -> np.ndarray:
     try:
-        with Image.open(file) as im:
-            im.load()
-            im = to_8bit(im).convert("L" if channels == 1 else "RGB")
-    except Exception as e:
-        raise DataError(f"{file}: cannot decode image ({type(e).__name__}: {e}); "
-                        f"remove or replace the file{SKIP_HINT}") from None
+        im = decoded(file, "L" if channels == 1 else "RGB")
+    except DataError as e:
+        raise DataError(f"{e}; remove or replace the file{SKIP_HINT}") from None
     w, h = im.size
     target = width / height
     cw, ch = (w, round(w / target)) if w / h < target else (round(h * target), h)

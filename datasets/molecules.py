@@ -33,9 +33,36 @@ OK, INVALID, TOO_LARGE = 0, 1, 2
 
 
 # ----------------------------------------------------------------------------- reading
+MAX_SMILES_CHARS = 1000  # MOSES' longest is 57, ZINC's ~120: longer lines are not molecules we can draw
+
+
+class _Budget(io.RawIOBase):
+    """A decompressing reader that stops with a DataError after `limit` bytes: a small .gz that
+    inflates to gigabytes (a gzip bomb) is refused instead of filling memory with its lines."""
+
+    def __init__(self, path: Path, limit: int):
+        self._f, self._left, self._path, self._limit = gzip.open(path, "rb"), limit, path, limit
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        n = self._f.readinto(b)
+        self._left -= n
+        if self._left < 0:
+            raise DataError(f"{self._path} inflates to more than {self._limit >> 20} MiB (16x its compressed "
+                            f"size + 16 MiB); it is not a plain SMILES file")
+        return n
+
+    def close(self):
+        self._f.close()
+        super().close()
+
+
 def _open_text(path: Path):
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", newline="", encoding="utf-8")
+        raw = io.BufferedReader(_Budget(path, 16 * path.stat().st_size + (16 << 20)))
+        return io.TextIOWrapper(raw, encoding="utf-8", newline="")
     return open(path, newline="", encoding="utf-8")
 
 
@@ -94,6 +121,10 @@ def read_smiles(path) -> list[str]:
         raise DataError(f"{path}: cannot read molecule file ({type(e).__name__}: {e})") from e
     if not smiles:
         raise DataError(f"{path}: no SMILES found (empty file?)")
+    long = next((i for i, s in enumerate(smiles) if len(s) > MAX_SMILES_CHARS), None)
+    if long is not None:
+        raise DataError(f"{path}: molecule {long + 1} is a SMILES of {len(smiles[long]):,} characters, more than "
+                        f"{MAX_SMILES_CHARS} (no drawable molecule is that long); remove it")
     return smiles
 
 

@@ -314,7 +314,54 @@ def load_state(ckpt_dir: str, map_location=None) -> dict:
     why = verify(ckpt_dir, files=("state.pt",))
     if why is not None:
         raise CheckpointError(f"checkpoint {ckpt_dir} is corrupt: {why}")
-    return torch.load(path, map_location=map_location, weights_only=False)
+    try:  # weights_only: tensors and plain containers only; no object in the file can run code
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - pickle and torch raise several types on refused or corrupt data
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path} holds more than training state (tensors, numbers and plain containers), "
+                              f"so it was not loaded: {first[:200]}; resume only runs you trust to have "
+                              f"written it, or start again with --overwrite") from None
+    why = _state_problem(state)
+    if why is not None:
+        raise CheckpointError(f"{path} is not imggen training state: {why}; start again with --overwrite")
+    return state
+
+
+def _state_problem(state) -> str | None:
+    """None when `state` has the layout save() writes: optimizer state dict, CPU RNG state, step."""
+    if not isinstance(state, dict) or set(state) != {"optimizer", "rng", "step"}:
+        keys = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+        return f"expected the keys optimizer, rng and step, found {keys}"
+    if not (isinstance(state["step"], int) and state["step"] >= 0):
+        return f"step must be a non-negative int, got {state['step']!r}"
+    rng = state["rng"]
+    if not (isinstance(rng, torch.Tensor) and rng.dtype == torch.uint8 and rng.dim() == 1):
+        return "rng is not a CPU generator state (a 1-D uint8 tensor)"
+    opt = state["optimizer"]
+    if not (isinstance(opt, dict) and isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), list)):
+        return "optimizer is not an optimizer state dict (state and param_groups)"
+    return None
+
+
+def check_fits(ckpt_dir: str, cfg: Config) -> None:
+    """CheckpointError unless the model `cfg` describes has exactly the tensors of the checkpoint's
+    model.safetensors (names and shapes, read from its header). Checked on the meta device, so a
+    config that names an absurd model (height 10**9) fails here, before any memory is allocated:
+    what a model built from a checkpoint allocates is bounded by its weights file."""
+    from imggen.model import ImageTransformer
+
+    try:
+        with safe_open(os.path.join(ckpt_dir, "model.safetensors"), "pt") as f:
+            saved = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - safetensors raises several types on corrupt files
+        raise CheckpointError(f"cannot read {ckpt_dir}/model.safetensors: {e}") from None
+    with torch.device("meta"):
+        wanted = {k: tuple(v.shape) for k, v in ImageTransformer(cfg.model).state_dict().items()}
+    if saved != wanted:
+        diff = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
+        show = ", ".join(f"{k}: file {saved.get(k)} vs config {wanted.get(k)}" for k in diff[:3])
+        raise CheckpointError(f"checkpoint {ckpt_dir}: config.json and model.safetensors do not belong together "
+                              f"({len(diff)} tensors differ: {show}); restore the checkpoint's own files")
 
 
 def load_model(path, device: str | torch.device = "cpu", backend: str | None = None):
@@ -326,6 +373,7 @@ def load_model(path, device: str | torch.device = "cpu", backend: str | None = N
     cfg = read_config(ckpt)
     if backend is not None:
         cfg.model.backend = backend
+    check_fits(ckpt, cfg)
     model = ImageTransformer(cfg.model)
     load_weights(model, ckpt)
     return model.to(device).eval()

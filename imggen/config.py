@@ -24,6 +24,16 @@ def _at_least(section: str, obj, lo, open_: bool = False, **names) -> None:
             raise ConfigError(f"{section}.{name} must be {finite}{'>' if open_ else '>='} {lo}, got {v}")
 
 
+def _at_most(section: str, obj, **limits) -> None:
+    """ConfigError when a named field exceeds its limit. The limits are far above any model or run a
+    machine can hold; they make a config file that names an absurd size (height 10**9) one clear
+    error before anything is sized from it."""
+    for name, hi in limits.items():
+        v = getattr(obj, name)
+        if v is not None and v > hi:
+            raise ConfigError(f"{section}.{name} must be at most {hi}, got {v}")
+
+
 @dataclass
 class _ModelCore:
     height: int = 32
@@ -62,6 +72,11 @@ class _ModelCore:
         if self.dim % self.heads:
             raise ConfigError(f"model.dim ({self.dim}) must be divisible by model.heads ({self.heads})")
         _at_least("model", self, 1, height=1, width=1, layers=1, heads=1, dim=1)
+        _at_most("model", self, height=8192, width=8192, layers=1024, heads=1024, dim=16384,
+                 context_width=4096, mlp_ratio=64)
+        if self.seq_len > 2 ** 24:
+            raise ConfigError(f"model.height * width * channels must be at most {2 ** 24} tokens, got "
+                              f"{self.height} * {self.width} * {self.channels} = {self.seq_len}")
         _at_least("model", self, 0, open_=True, mlp_ratio=0)
         if not 0 <= self.dropout < 1:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
@@ -126,6 +141,7 @@ class TrainConfig:
                   ckpt_every=1, log_every=1)
         _at_least("train", self, 0, warmup=0, sample_every=0, weight_decay=0, seed=0, grid_time_frac=0)
         _at_least("train", self, 0, open_=True, lr=0, grad_clip=0)
+        _at_most("train", self, steps=2 ** 40, batch_size=2 ** 16, eval_images=2 ** 20, sample_num=2 ** 12)
         if self.task not in TASKS:
             raise ConfigError(f"train.task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if not 0 <= self.min_lr_ratio <= 1:

@@ -61,14 +61,35 @@ def to_8bit(img: Image.Image) -> Image.Image:
     return Image.fromarray(np.clip(np.round(a), 0, 255).astype(np.uint8))
 
 
+MAX_PIXELS = 40_000_000  # ~6300 x 6300: far above any image imggen models; bounds what a file can make us allocate
+
+
+def decoded(path, mode: str) -> Image.Image:
+    """The image at `path` decoded and converted to `mode` ("L" or "RGB"; 16-bit scaled to 8).
+
+    The size the file declares is checked before a pixel is decoded, so a small file that declares
+    100000 x 100000 pixels (a decompression bomb) is one DataError, not gigabytes of memory; so is
+    any file Pillow cannot decode."""
+    try:
+        with Image.open(path) as img:
+            w, h = img.size
+            if w * h > MAX_PIXELS:
+                raise DataError(f"image {path} declares {w} x {h} pixels, more than imggen reads "
+                                f"({MAX_PIXELS:,}); resize it first")
+            img.load()
+            return to_8bit(img).convert(mode)
+    except DataError:
+        raise
+    except Image.DecompressionBombError as e:  # Pillow's own check, at open, past ~179 M pixels
+        raise DataError(f"image {path} declares more pixels than imggen reads ({MAX_PIXELS:,}; {e}); "
+                        f"resize it first") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+        raise DataError(f"cannot read image {path}: {type(e).__name__}: {e}") from None
+
+
 def load_image(path: str, channels: int) -> np.ndarray:
     """PNG/JPEG -> uint8 (C, H, W) with C = channels (grayscale or RGB conversion; 16-bit scaled)."""
     if not os.path.exists(path):
         raise DataError(f"image file {path} does not exist")
-    try:
-        with Image.open(path) as img:
-            img = to_8bit(img).convert("L" if channels == 1 else "RGB")
-            a = np.asarray(img, dtype=np.uint8)
-    except (UnidentifiedImageError, OSError) as e:
-        raise DataError(f"cannot read image {path}: {e}") from None
+    a = np.asarray(decoded(path, "L" if channels == 1 else "RGB"), dtype=np.uint8)
     return a[None] if a.ndim == 2 else a.transpose(2, 0, 1).copy()
