@@ -9,32 +9,27 @@ rows that decide a target first, then the rest. Each unit is wrapped: an excepti
 running out is recorded as a FAIL with the error text and the next unit runs; gpu_check.json and
 gpu_check.md are rewritten after every unit, so a run killed from outside still leaves its results.
 A broken CUDA context (e.g. an illegal address) stops the in-process GPU units only; the training
-smoke runs in its own processes. What the numbers mean: CONVENTIONS in this file (also in gpu_check.md).
+smoke runs in its own processes. What the numbers mean: CONVENTIONS in gpu_targets.py (also in gpu_check.md).
+
+This file is the attention, decode, profiler and self-check measurements and their order; around
+it: gpu_targets.py (rows, sizes, targets), gpu_reference.py (fp32 references, error metrics),
+gpu_training.py (the training smoke), gpu_readouts.py (profiler and train-log reading),
+gpu_report.py (gpu_check.md), gpu_runner.py (units, slots, deadline) and harness.py (timing,
+tables, machine, writing).
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import gc
-import json
-import math
 import os
-import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
-T0 = time.time()
-ROOT = Path(__file__).resolve().parents[1]
+T0 = time.time()  # the budget counts from here, before torch's import
 BENCH = Path(__file__).resolve().parent
-H200_HBM_GBPS = 4800.0  # datasheet
-H200_BF16_DENSE_TFLOPS = 989.0  # datasheet, dense
 
 
 def prepare_env(argv) -> None:
@@ -59,608 +54,43 @@ from gpu_smoke import ensure_imggen  # noqa: E402
 
 IMGGEN_FROM = ensure_imggen()
 import imggen  # noqa: E402
+import gpu_report  # noqa: E402
+from gpu_readouts import breakdown, kernel_events  # noqa: E402
+from gpu_reference import (NAMES, ErrAcc, check_vs_reference, compare, count_pairs, errs,  # noqa: E402
+                           pick_slices, softmax_twin)
+from gpu_runner import HardStop, Runner, SkipUnit, Unit, stop_on_sigterm  # noqa: E402
+from gpu_training import TrainingSmoke  # noqa: E402
+from gpu_targets import (CONVENTIONS, H200_HBM_GBPS, PARTS, RESERVE_S, SLOTS, Row, config,  # noqa: E402
+                         evaluate_targets)
+from harness import Stopwatch, machine, out_dir, short_error, sync, time_call  # noqa: E402
 
-CONVENTIONS = [
-    "Useful FLOPs count only the allowed (query, key) pairs of the pattern's mask (pattern.allowed, "
-    "diagonal included), summed over B*H: forward 4*D per pair (QK^T and PV); backward 2.5x the forward "
-    "(recomputed QK^T, dV, dP, dQ, dK), so forward+backward = 3.5x forward = 14*D per pair. TFLOP/s of "
-    "the peers use the same useful count (the sparse pattern's pairs); 'SDPA dense TF/s' counts its own "
-    "N(N+1)/2 causal pairs per head.",
-    "x_peer = peer time / our time (> 1: ours is faster). Forward is timed with autograd recording (as "
-    "in training); forward+backward = forward + torch.autograd.grad for q, k and v. Times: median over "
-    "samples of back-to-back calls between CUDA events, after warm-up; first-call times (compile, "
-    "autotune, plan building) are reported separately as 'first s'.",
-    "Correctness: outputs and q/k/v gradients vs an fp32 reference computed from the same bf16 inputs, "
-    "in query chunks straight from pattern.allowed (dense over the causal keys, never a block layout), "
-    "on a few (batch, head) slices at the timed size; rel = ||x - ref|| / ||ref||, row = worst per-row "
-    "||x - ref|| / max(||ref row||, median row norm). Ours vs flex compares full tensors.",
-    "Diffuser 'one attention' = our kernels' single softmax attention over the same graph (the pattern "
-    "with is_diffusion off); its target is diffuser time / one-attention time.",
-    "Decode GB/s = K and V cache bytes (read once per call) / time per call, timed as replays of a CUDA "
-    "graph holding R calls (no launch overhead); HBM reference = a measured device-to-device copy "
-    "(bytes read + written) and the 4.8 TB/s datasheet figure.",
-]
+CLOCK = Stopwatch(T0)
+log = CLOCK.log
 
 
-# ================================================================================== configuration
-@dataclasses.dataclass
-class Row:
-    id: str
-    label: str
-    kind: str
-    params: dict
-    n: int
-    decisive: bool = False
+class Check(TrainingSmoke, Runner):
+    """The GPU check: plans the units (units()) and measures (unit_*) into self.res."""
 
-    def pattern(self):
-        return imggen.make_pattern(self.kind, **self.params)
+    slots, reserve_s = SLOTS, RESERVE_S
 
-
-def _row(kind, params, n, label, decisive=False):
-    short = "-".join(f"{k[0]}{v}" for k, v in params.items() if k in ("window", "height", "radius", "steps", "block"))
-    return Row(f"{kind}-{short}-n{n}", label, kind, params, n, decisive)
-
-
-def band(w, n, **kw):
-    return _row("band", {"window": w}, n, f"band w={w}", **kw)
-
-
-def local2d(side, n, r=3):
-    return _row("local2d", {"height": side, "width": side, "channels": 1, "radius": r}, n,
-                f"local2d {side}x{side} r={r}")
-
-
-def bigbird(block, n):
-    p = {"block": block, "window_blocks": 3, "global_blocks": 1, "random_blocks": 2}
-    return _row("bigbird", p, n, f"bigbird b={block} w=3 g=1 r=2")
-
-
-def diffuser(window, glob, rnd, block, n, **kw):
-    p = {"window": window, "global_tokens": glob, "random_edges": rnd, "steps": 5, "alpha": 0.1, "block": block}
-    return _row("diffuser", p, n, f"diffuser K=5 w={window} g={glob} r={rnd}", **kw)
-
-
-def config(dry: bool) -> dict:
-    if not dry:
-        n1, n2 = 16384, 65536
-        return dict(
-            device="cuda", dtype=torch.bfloat16, D=64, H=16, B={n1: 8, n2: 2},
-            decisive=[band(256, n1, decisive=True), diffuser(256, 64, 16, 64, n1, decisive=True)],
-            grid=[band(1024, n1), band(4096, n1), local2d(128, n1), bigbird(64, n1),
-                  band(256, n2), band(1024, n2), band(4096, n2), local2d(256, n2), bigbird(64, n2),
-                  diffuser(256, 64, 16, 64, n2)],
-            check_slices=4, chunk_elems=1 << 27,
-            decode=dict(B=16, H=16, D=64, lengths=(4096, 8192, 16384, 32768, 65536), graph_calls=20),
-            selfcheck=dict(dims=(64, 32), n=None, kinds=SELFCHECK_KINDS),
-            smoke=dict(per_batch=64, steps=100, args=["--batch-size", "16", "--model.layers", "2",
-                                                      "--train.warmup", "10", "--train.eval_images", "16"],
-                       backends=("triton", "flex"), sample_num=4),
-            tol={"rel": 2e-2, "row": 0.1}, diffuser_tol_factor=2.0, smoke_loss_tol=0.01,
-            budget=220.0)
-    n1 = 64  # one tiny length: the code paths do not depend on N
-    return dict(
-        device="cpu", dtype=torch.float32, D=32, H=2, B={n1: 1},
-        decisive=[band(16, n1, decisive=True), diffuser(16, 4, 2, 16, n1, decisive=True)],
-        grid=[band(32, n1), bigbird(16, n1), local2d(8, n1)],
-        check_slices=2, chunk_elems=16 * 64,  # several query chunks even at tiny sizes
-        decode=dict(B=1, H=2, D=32, lengths=(32, 64), graph_calls=0),
-        selfcheck=dict(dims=(32,), n=48, kinds=SELFCHECK_KINDS_DRY),
-        smoke=dict(per_batch=16, steps=2, args=["--batch-size", "4", "--model.layers", "2", "--model.height", "4",
-                                                "--model.width", "4", "--model.dim", "32", "--model.heads", "2",
-                                                "--train.warmup", "1", "--train.eval_images", "4", "--device", "cpu",
-                                                "--threads", "1"],
-                   backends=("cpu", "reference"), sample_num=4),
-        tol={"rel": 1e-4, "row": 1e-3}, diffuser_tol_factor=2.0, smoke_loss_tol=0.01,
-        budget=150.0)
-
-
-SELFCHECK_KINDS = [
-    ("full", {}), ("band", {"window": 256}),
-    ("local2d", {"height": 16, "width": 16, "channels": 3, "radius": 3}),
-    ("bigbird", {"block": 64, "window_blocks": 3, "global_blocks": 1, "random_blocks": 2}),
-    ("diffuser", {"window": 64, "global_tokens": 16, "random_edges": 8, "steps": 5, "alpha": 0.1}),
-    ("strided", {"stride": 32}), ("column", {"stride": 32}),
-]
-SELFCHECK_KINDS_DRY = [
-    ("full", {}), ("band", {"window": 16}), ("local2d", {"height": 4, "width": 4, "channels": 3, "radius": 1}),
-    ("bigbird", {"block": 16, "window_blocks": 2, "global_blocks": 1, "random_blocks": 1}),
-    ("diffuser", {"window": 16, "global_tokens": 4, "random_edges": 2, "steps": 5, "alpha": 0.1, "block": 16}),
-    ("strided", {"stride": 8}), ("column", {"stride": 8}),
-]
-
-# time slots (s): a unit starts only with `start` seconds left and is stopped after `cap` seconds
-SLOTS = {"env": (5, 20), "ours": (15, 90), "flex": (25, 80), "diff": (20, 75), "decode": (6, 25),
-         "profile": (6, 20), "data": (70, 15), "train": (30, 60), "sample": (8, 30), "selfcheck": (6, 25),
-         "sdpa": (5, 30)}
-RESERVE_S = 4.0  # kept for the final write
-
-
-# ================================================================================== small helpers
-class UnitTimeout(BaseException):
-    """A unit ran past its time slot (BaseException so that library code does not swallow it)."""
-
-
-class HardStop(BaseException):
-    """SIGTERM from outside (gpu_check.sh's hard timeout)."""
-
-
-class SkipUnit(Exception):
-    """A unit that cannot run because an earlier one did not (recorded as 'not run')."""
-
-
-def elapsed() -> float:
-    return time.time() - T0
-
-
-def log(msg: str) -> None:
-    print(f"[{elapsed():6.1f}s] {msg}", flush=True)
-
-
-def sync(device) -> None:
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def short_error(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    first = text[0] if text else ""
-    last = text[-1] if len(text) > 1 else ""
-    msg = f"{type(e).__name__}: {first}" + (f" ... {last}" if last and last != first else "")
-    return msg[:600]
-
-
-def fmt(v, digits=3) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        if math.isnan(v) or math.isinf(v):
-            return str(v)
-        if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
-            return f"{v:.2e}"
-        return f"{v:.{digits}g}" if abs(v) < 1000 else f"{v:.0f}"
-    return str(v)
-
-
-def md_table(header: list[str], rows: list[list]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for r in rows:
-        out.append("| " + " | ".join(fmt(c) if not isinstance(c, str) else c.replace("|", "/") for c in r) + " |")
-    return "\n".join(out)
-
-
-def time_call(fn, device, target_s: float = 0.6, warmup: int = 2, max_samples: int = 15) -> float:
-    """Median milliseconds per call of fn(). CUDA: samples of k back-to-back calls between events
-    (k so that a sample takes >= ~2 ms), after warm-up. CPU (dry run): one call (callers warm up)."""
-    if not str(device).startswith("cuda"):
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    fn()
-    e.record()
-    e.synchronize()
-    one = max(s.elapsed_time(e), 1e-3)
-    k = max(1, min(50, int(2.0 / one)))
-    samples = max(3, min(max_samples, int(target_s * 1e3 / (one * k))))
-    times = []
-    for _ in range(samples):
-        s.record()
-        for _ in range(k):
-            fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / k)
-    return statistics.median(times)
-
-
-# ================================================================================== reference
-def allowed_tables(pattern, n: int, heads: int, device) -> dict:
-    return {k: t.to(device) for k, t in pattern.lookup_tables(n, pattern.head_count(heads)).items()}
-
-
-def _chunk_rows(n_keys: int, chunk_elems: int) -> int:
-    return max(1, min(n_keys, chunk_elems // max(1, n_keys)))
-
-
-def count_pairs(pattern, n: int, heads: int, device, chunk_elems: int = 1 << 27) -> list[int]:
-    """Allowed (query, key) pairs per head (length `heads`), from pattern.allowed in query chunks."""
-    hl = pattern.head_count(heads)
-    tables = allowed_tables(pattern, n, heads, device)
-    idx = torch.arange(n, device=device)
-    c = _chunk_rows(n, chunk_elems)
-    counts = [sum(int(pattern.allowed(idx[a:a + c, None], idx[None, :a + c], h, tables).sum())
-                  for a in range(0, n, c)) for h in range(1 if hl == 1 else heads)]
-    return counts * heads if hl == 1 else counts
-
-
-def ref_softmax_head(pattern, q, k, v, do, head: int, tables, chunk_elems: int):
-    """fp32 softmax attention of one head (q, k, v, do: (N, D)) and its exact gradients, in query
-    chunks over the causal keys, masked by pattern.allowed. Returns o, dq, dk, dv."""
-    n, d = q.shape
-    scale = d ** -0.5
-    idx = torch.arange(n, device=q.device)
-    o, dq = torch.empty_like(q), torch.empty_like(q)
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-    a = 0
-    while a < n:
-        b = min(n, a + _chunk_rows(n, chunk_elems))
-        m = pattern.allowed(idx[a:b, None], idx[None, :b], head, tables)
-        s = (q[a:b] @ k[:b].T) * scale
-        p = torch.softmax(s.masked_fill(~m, float("-inf")), dim=-1)  # the diagonal is always allowed
-        del s, m
-        o[a:b] = p @ v[:b]
-        g = do[a:b]
-        dv[:b] += p.T @ g
-        dp = g @ v[:b].T
-        ds = p * (dp - (g * o[a:b]).sum(-1, keepdim=True))
-        del dp, p
-        dq[a:b] = (ds @ k[:b]) * scale
-        dk[:b] += (ds.T @ q[a:b]) * scale
-        del ds
-        a = b
-    return o, dq, dk, dv
-
-
-def ref_diffuser_head(pattern, q, k, v, do, head: int, tables, chunk_elems: int):
-    """fp32 diffuser of one head with exact gradients: A = row-softmax over the mask (dense N x N,
-    built in query chunks), Z0 = V, Z(k+1) = (1 - a) A Z(k) + a V, output Z(K)."""
-    n, d = q.shape
-    scale, steps, al = d ** -0.5, pattern.steps, pattern.alpha
-    idx = torch.arange(n, device=q.device)
-    A = torch.zeros(n, n, device=q.device, dtype=q.dtype)
-    a = 0
-    while a < n:
-        b = min(n, a + _chunk_rows(n, chunk_elems))
-        m = pattern.allowed(idx[a:b, None], idx[None, :b], head, tables)
-        s = (q[a:b] @ k[:b].T) * scale
-        A[a:b, :b] = torch.softmax(s.masked_fill(~m, float("-inf")), dim=-1)
-        del s, m
-        a = b
-    zs = [v]
-    for _ in range(steps):
-        zs.append((1 - al) * (A @ zs[-1]) + al * v)
-    o = zs[-1]
-    g = do                        # dL/dZ(K)
-    dv = al * g
-    dA = torch.zeros_like(A)
-    for s_ in range(steps - 1, -1, -1):   # Z(s_+1) = (1-a) A Z(s_) + a V
-        dA.addmm_(g, zs[s_].T, alpha=1 - al)
-        g = (1 - al) * (A.T @ g)  # dL/dZ(s_)
-        dv = dv + (al * g if s_ >= 1 else g)
-    ds = dA.sub_((dA * A).sum(-1, keepdim=True)).mul_(A)  # in place: A (N x N) may be large
-    del A
-    dq = (ds @ k) * scale
-    dk = (ds.T @ q) * scale
-    return o, dq, dk, dv
-
-
-def reference_head(pattern, q, k, v, do, head, tables, chunk_elems):
-    fn = ref_diffuser_head if pattern.is_diffusion else ref_softmax_head
-    return fn(pattern, q, k, v, do, head, tables, chunk_elems)
-
-
-class ErrAcc:
-    """rel = ||x - ref|| / ||ref|| over everything added; row = worst row error (see CONVENTIONS)."""
-
-    def __init__(self):
-        self.num = self.den = 0.0
-        self.row = 0.0
-        self.where = None  # flat index of the worst row in the tensor that held it
-        self.nan = False
-
-    def add(self, x, ref):
-        x, ref = x.float().reshape(-1, x.shape[-1]), ref.float().reshape(-1, ref.shape[-1])
-        if not torch.isfinite(x).all():
-            self.nan = True
-        diff = (x - ref).norm(dim=-1)
-        rn = ref.norm(dim=-1)
-        floor = rn.median().clamp(min=1e-12)
-        self.num += float((diff ** 2).sum())
-        self.den += float((rn ** 2).sum())
-        worst = diff / torch.maximum(rn, floor)
-        if float(worst.max()) >= self.row:
-            self.row, self.where = float(worst.max()), int(worst.argmax())
-
-    def result(self, tol: dict) -> dict:
-        rel = math.inf if self.nan else math.sqrt(self.num) / max(math.sqrt(self.den), 1e-30)
-        row = math.inf if self.nan else self.row
-        return {"rel": rel, "row": row, "worst_row_index": self.where,
-                "ok": bool(rel <= tol["rel"] and row <= tol["row"])}
-
-
-NAMES = ("out", "dq", "dk", "dv")
-
-
-def compare(xs, refs, tol) -> dict:
-    res = {}
-    for name, x, r in zip(NAMES, xs, refs):
-        if x is None or r is None:
-            continue
-        acc = ErrAcc()
-        acc.add(x, r)
-        res[name] = acc.result(tol)
-    res["ok"] = bool(res) and all(v["ok"] for k, v in res.items() if k in NAMES)
-    return res
-
-
-def check_vs_reference(pattern, inputs, outs, slices, tol, chunk_elems) -> dict:
-    """outs (o, dq, dk, dv) of shape (B, H, N, D) vs the fp32 reference on the (b, h) slices."""
-    q, k, v, do = inputs
-    n, heads = q.shape[2], q.shape[1]
-    tables = allowed_tables(pattern, n, heads, q.device)
-    accs = {name: ErrAcc() for name in NAMES}
-    for b, h in slices:
-        ref = reference_head(pattern, *(t[b, h].detach().float() for t in (q, k, v, do)),
-                             h if pattern.heads_differ else 0, tables, chunk_elems)
-        for name, x, r in zip(NAMES, outs, ref):
-            if x is not None:
-                accs[name].add(x[b, h], r)
-        del ref
-    res = {name: acc.result(tol) for name, acc in accs.items() if outs[NAMES.index(name)] is not None}
-    res["ok"] = all(v["ok"] for v in res.values())
-    res["slices"] = [list(s) for s in slices]
-    return res
-
-
-def pick_slices(b: int, h: int, count: int) -> list[tuple[int, int]]:
-    cand = [(0, 0), (b - 1, h - 1), (0, h // 2), (b // 2, 1 % h), (0, h - 1), (b - 1, 0)]
-    out = []
-    for s in cand:
-        if s not in out:
-            out.append(s)
-    return out[:count]
-
-
-# ================================================================================== profiler
-CATEGORIES = [  # (category, substrings of the lower-cased kernel name), first match wins
-    ("decode", ("decode",)),
-    ("diffuser steps", ("diff", "spmm")),
-    ("dK/dV", ("dkdv", "dk_dv", "dkv", "_dk")),
-    ("dQ", ("dq",)),
-    ("delta", ("delta", "preprocess", "bwd_pre")),
-    ("backward (other)", ("bwd", "backward")),
-    ("forward", ("fwd", "forward", "flash", "attn", "attention", "flex")),
-    ("torch ops (reductions, casts, e.g. a delta computed by torch)",
-     ("elementwise", "reduce", "vectorized", "at::native", "triton_", "cunn", "softmax")),
-    ("copy/fill", ("memcpy", "memset", "copy", "fill")),
-]
-
-
-def classify(name: str) -> str:
-    low = name.lower()
-    for cat, keys in CATEGORIES:
-        if any(s in low for s in keys):
-            return cat
-    return "other"
-
-
-def kernel_events(prof, cuda: bool) -> list[tuple[str, float]]:
-    """(name, microseconds) of every GPU kernel / memcpy in a torch.profiler run (CPU run: the
-    top-level CPU ops instead)."""
-    evs = prof.events()
-    out = []
-    if cuda:
-        for e in evs:
-            if "CUDA" in str(getattr(e, "device_type", "")):
-                out.append((e.name, float(e.time_range.elapsed_us())))
-        if not out:
-            for e in evs:
-                for kern in getattr(e, "kernels", None) or []:
-                    out.append((kern.name, float(getattr(kern, "duration", 0.0))))
-    else:
-        for e in evs:
-            if getattr(e, "cpu_parent", None) is None:
-                out.append((e.name, float(e.time_range.elapsed_us())))
-    return out
-
-
-def breakdown(events: list[tuple[str, float]]) -> dict:
-    by_name: dict[str, dict] = {}
-    for name, us in events:
-        r = by_name.setdefault(name, {"name": name, "calls": 0, "us": 0.0, "category": classify(name)})
-        r["calls"] += 1
-        r["us"] += us
-    total = sum(r["us"] for r in by_name.values()) or 1.0
-    cats: dict[str, dict] = {}
-    for r in by_name.values():
-        c = cats.setdefault(r["category"], {"category": r["category"], "calls": 0, "us": 0.0})
-        c["calls"] += r["calls"]
-        c["us"] += r["us"]
-    for d in list(by_name.values()) + list(cats.values()):
-        d["share"] = d["us"] / total
-    return {"total_us": total, "kernels": sorted(by_name.values(), key=lambda r: -r["us"]),
-            "categories": sorted(cats.values(), key=lambda r: -r["us"])}
-
-
-# ================================================================================== targets
-def evaluate_targets(res: dict) -> list[dict]:
-    """PASS/FAIL per target (band speed vs flex and SDPA, diffuser cost, decode bandwidth); a target is PASS only if its configuration's correctness
-    check passed. Missing data: NOT RUN (counts as a failure)."""
-    t = []
-    rows = res.get("rows", {})
-    dec = [r for r in rows.values() if r.get("decisive")]
-    band_row = next((r for r in dec if r["kind"] == "band"), None)
-    diff_row = next((r for r in dec if r["kind"] == "diffuser"), None)
-
-    def target(name, value, goal, op, gates, unit="", note=""):
-        gate_fail = [g for g, ok in gates if not ok]
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            verdict, why = "NOT RUN", "no measurement" + ("" if note else " (see Errors / Not run)")
-        elif gate_fail:
-            verdict, why = "FAIL", "correctness gate failed: " + ", ".join(gate_fail)
-        else:
-            ok = value >= goal if op == ">=" else value <= goal
-            verdict, why = ("PASS" if ok else "FAIL"), ""
-        t.append({"target": name, "value": value, "goal": f"{op} {fmt(goal)}{unit}", "verdict": verdict,
-                  "why": why, "gates": [g for g, _ in gates], "note": note})
-
-    def gate(row, key, label):
-        c = (row or {}).get("correct", {}).get(key)
-        return (label, bool(c and c.get("ok")))
-
-    if band_row is not None:
-        lbl = f"{band_row['label']} fwd+bwd, N={band_row['n']}"
-        g_ours = gate(band_row, "ours_vs_ref", "ours vs fp32 reference")
-        flex_gate = [g_ours, gate(band_row, "ours_vs_flex", "ours vs flex (same mask)")]
-        xf, note = band_row.get("x_flex_fb"), ""
-        if xf is None and res.get("meta", {}).get("dry_run") and band_row.get("x_flex_fwd") is not None:
-            xf, note = band_row["x_flex_fwd"], "dry run: forward ratio (FlexAttention has no CPU backward)"
-        target(f"{lbl}: x FlexAttention", xf, 1.2, ">=", flex_gate, "x", note)
-        target(f"{lbl}: x dense causal SDPA", band_row.get("x_sdpa_fb"), 12.0, ">=", [g_ours], "x")
-        target(f"{lbl}: useful TFLOP/s", (band_row.get("ours") or {}).get("fb_TF"), 150.0, ">=", [g_ours],
-               " TF/s")
-    else:
-        for name in ("x FlexAttention", "x dense causal SDPA", "useful TFLOP/s"):
-            target(f"band decisive row: {name}", None, 0, ">=", [], note="row not configured")
-    if diff_row is not None:
-        target(f"{diff_row['label']} fwd+bwd, N={diff_row['n']}: time / one sparse attention on its graph",
-               diff_row.get("diff_over_one"), 3.0, "<=",
-               [gate(diff_row, "ours_vs_ref", "diffuser vs fp32 reference"),
-                gate(diff_row, "one_vs_ref", "one attention vs fp32 reference")], "x")
-    dec_rows = res.get("decode", {})
-    copy = (res.get("env") or {}).get("copy_GBps")
-    if dec_rows:
-        measured = [d for d in dec_rows.values() if d.get("GBps") is not None]
-        worst = min(measured, key=lambda d: d["GBps"]) if measured else None
-        frac = worst["GBps"] / copy if worst and copy else None
-        all_lengths = len(measured) == len(dec_rows)
-        target("decode (CUDA graph), worst cache length: fraction of measured HBM copy bandwidth",
-               frac, 0.5, ">=", [(f"decode vs reference at L={d['L']}", bool(d.get("correct", {}).get("ok")))
-                                 for d in dec_rows.values()] + [("every cache length measured", all_lengths)],
-               note=(f"worst L={worst['L']}: {worst['GBps']:.0f} GB/s = {100 * worst['GBps'] / H200_HBM_GBPS:.0f}% "
-                     f"of the 4.8 TB/s datasheet; copy {copy:.0f} GB/s" if worst and copy else
-                     "decode not measured" if not worst else "copy bandwidth not measured"))
-    return t
-
-
-# ================================================================================== the runner
-@dataclasses.dataclass
-class Unit:
-    id: str
-    part: str
-    slot: str
-    fn: object
-    rec: dict
-    gpu: bool = True
-    what: str = ""
-
-
-class Check:
     def __init__(self, args):
-        self.args = args
-        self.dry = args.dry_run
-        self.cfg = config(self.dry)
-        self.device = self.cfg["device"]
-        self.cuda = self.device == "cuda"
-        self.dtype = self.cfg["dtype"]
-        self.budget = args.budget if args.budget is not None else self.cfg["budget"]
-        self.deadline = T0 + self.budget
-        self.out = Path(args.out or os.environ.get("OUT") or ROOT / "bench" / "results")
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.parts = set(args.parts.split(",")) if args.parts else set(PARTS)
-        self.cuda_broken = None
-        self.stop = False
-        self.slot_end = time.time()
+        dry = args.dry_run
+        cfg = config(dry)
+        super().__init__(args, CLOCK, out_dir(args.out), args.budget if args.budget is not None else cfg["budget"],
+                         dry, cfg["device"] == "cuda", set(args.parts.split(",")) if args.parts else set(PARTS),
+                         "gpu_check", Path(tempfile.mkdtemp(prefix="gpu_check_")))
+        self.cfg, self.device, self.dtype = cfg, cfg["device"], cfg["dtype"]
         self.smoke_procs: dict = {}
         self.started: set = set()
         self.sdpa_cache: dict = {}
-        self.work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
         self.res = {"meta": {}, "env": {}, "targets": [], "rows": {}, "decode": {}, "profile": {},
                     "smoke": {}, "selfcheck": {}, "timeline": [], "errors": [], "conventions": CONVENTIONS}
 
-    # ---------------------------------------------------------------- bookkeeping
-    def left(self) -> float:
-        return self.deadline - time.time()
+    def evaluate(self, res: dict) -> list[dict]:
+        return evaluate_targets(res)
 
-    def save(self) -> None:
-        self.res["meta"]["elapsed_s"] = elapsed()
-        self.res["targets"] = evaluate_targets(self.res)
-        for name, text in (("gpu_check.json", json.dumps(self.res, indent=1, default=str)),
-                           ("gpu_check.md", self.markdown())):
-            tmp = self.out / (name + ".tmp")
-            tmp.write_text(text)
-            os.replace(tmp, self.out / name)
-
-    def run_unit(self, u: Unit) -> None:
-        rec = u.rec
-        if self.stop:
-            return
-        if u.part not in self.parts:
-            return
-        if self.args.skip and re.search(self.args.skip, u.id):
-            rec.setdefault("skipped", []).append(f"{u.id}: not run (--skip)")
-            return
-        start_need, cap = SLOTS[u.slot]
-        if self.dry:
-            start_need, cap = 0.0, max(cap, 60)
-        if u.gpu and self.cuda_broken:
-            rec.setdefault("skipped", []).append(f"{u.id}: not run (the CUDA context broke {self.cuda_broken})")
-            log(f"skip {u.id}: CUDA context broken earlier")
-            return
-        left = self.left() - RESERVE_S
-        if left < start_need:
-            rec.setdefault("skipped", []).append(f"{u.id}: not run (time budget: {left:.0f} s left, needs ~{start_need} s)")
-            self.res["timeline"].append({"unit": u.id, "part": u.part, "start_s": elapsed(), "seconds": 0.0,
-                                         "status": "not run (budget)"})
-            log(f"skip {u.id}: {left:.0f} s left of the budget, it needs ~{start_need} s")
-            self.save()
-            return
-        slot = max(1.0, min(cap, left))
-        t = time.time()
-        self.slot_end = t + slot
-        log(f">> {u.id}: {u.what} (slot {slot:.0f} s, {self.left():.0f} s left)")
-        status = "ok"
-        signal.signal(signal.SIGALRM, _alarm)
-        signal.setitimer(signal.ITIMER_REAL, slot)
-        try:
-            if self.args.inject_failure and self.args.inject_failure in u.id:
-                raise RuntimeError(f"injected failure in {u.id} (--inject-failure test hook)")
-            u.fn(rec)
-        except SkipUnit as e:
-            status = f"not run: {e}"
-            rec.setdefault("skipped", []).append(f"{u.id}: not run ({e})")
-        except UnitTimeout:
-            status = f"FAIL: timed out after {slot:.0f} s"
-            self._record_error(rec, u, status, None)
-        except HardStop:
-            status = "FAIL: stopped by SIGTERM (hard timeout)"
-            self._record_error(rec, u, status, None)
-            self.stop = True
-        except Exception as e:  # noqa: BLE001 - recorded as this unit's FAIL
-            status = "FAIL: " + short_error(e)
-            self._record_error(rec, u, status, traceback.format_exc())
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        gc.collect()
-        if self.cuda:
-            self._probe_cuda(u, status)
-        self.res["timeline"].append({"unit": u.id, "part": u.part, "start_s": t - T0, "seconds": time.time() - t,
-                                     "status": status})
-        log(f"<< {u.id}: {status} ({time.time() - t:.1f} s)")
-        self.save()
-
-    def _record_error(self, rec, u, status, tb):
-        rec.setdefault("errors", []).append(f"{u.id}: {status[6:]}")
-        self.res["errors"].append({"unit": u.id, "error": status[6:]})
-        if tb:
-            print(tb, flush=True)
-
-    def _probe_cuda(self, u, status):
-        try:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            if status.startswith("FAIL"):
-                x = torch.ones(4, device="cuda")
-                assert float((x + 1).sum()) == 8.0
-        except Exception as e:  # noqa: BLE001
-            self.cuda_broken = f"after {u.id}: {short_error(e)}"
-            log(f"!! CUDA context broken {self.cuda_broken}; in-process GPU units stop, the smoke still runs")
+    def markdown(self) -> str:
+        return gpu_report.markdown(self.res, self.cfg, self.budget, self.dry)
 
     # ---------------------------------------------------------------- plan
     def units(self) -> list[Unit]:
@@ -725,16 +155,13 @@ class Check:
 
     def run(self) -> int:
         meta = self.res["meta"]
+        m = machine()
         meta.update({"started": time.strftime("%Y-%m-%d %H:%M:%S"), "dry_run": self.dry, "budget_s": self.budget,
-                     "torch": torch.__version__, "python": sys.version.split()[0], "imggen_import": IMGGEN_FROM,
+                     "torch": m["torch"], "python": m["python"], "imggen_import": IMGGEN_FROM,
                      "device": torch.cuda.get_device_name() if self.cuda else "cpu (dry run)",
                      "dtype": str(self.dtype).replace("torch.", ""), "D": self.cfg["D"], "parts": sorted(self.parts),
-                     "out": str(self.out), "argv": sys.argv[1:]})
-        try:
-            import triton
-            meta["triton"] = triton.__version__
-        except Exception as e:  # noqa: BLE001
-            meta["triton"] = f"unavailable: {short_error(e)}"
+                     "out": str(self.out), "argv": sys.argv[1:], "triton": m["triton"], "cpu": m["cpu"],
+                     "cpus": m["cpus"], "commit": m["commit"]})
         if self.cuda:
             p = torch.cuda.get_device_properties(0)
             meta.update({"sms": p.multi_processor_count, "gpu_mem_GiB": round(p.total_memory / 2 ** 30, 1),
@@ -744,15 +171,8 @@ class Check:
         log(f"gpu_check: {meta['device']}, torch {meta['torch']}, triton {meta['triton']}, dtype {meta['dtype']}, "
             f"D={meta['D']}, budget {self.budget:.0f} s, parts {','.join(sorted(self.parts))}, out {self.out}")
         self.save()
-        for u in self.units():
-            try:
-                self.run_unit(u)
-            except UnitTimeout:  # the alarm landed outside the unit's own try (e.g. while recording)
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                self.res["errors"].append({"unit": u.id, "error": "timed out (while recording its result)"})
-            if self.stop:
-                break
-        log(f"done in {elapsed():.0f} s; {self.out / 'gpu_check.md'}")
+        self.run_units()
+        log(f"done in {CLOCK.elapsed():.0f} s; {self.out / 'gpu_check.md'}")
         self.save()
         verdicts = [t["verdict"] for t in self.res["targets"]]
         log("targets: " + ", ".join(f"{t['verdict']} {t['target']}" for t in self.res["targets"]))
@@ -842,7 +262,7 @@ class Check:
         slices = pick_slices(q.shape[0], q.shape[1], count)
         rec.setdefault("correct", {})["ours_vs_ref"] = c = check_vs_reference(
             p, (q, k, v, do), outs, slices, self.tol(p), self.cfg["chunk_elems"])
-        log(f"   ours vs fp32 reference: {'ok' if c['ok'] else 'FAIL'} " + _errs(c))
+        log(f"   ours vs fp32 reference: {'ok' if c['ok'] else 'FAIL'} " + errs(c))
         del outs
         if p.is_diffusion:
             self.one_attention(row, p, rec, q, k, v, do)
@@ -942,7 +362,7 @@ class Check:
         corr["ours_vs_flex"] = c = compare(oo, fouts, tol)
         corr["flex_vs_ref"] = check_vs_reference(p, (q, k, v, do), fouts, pick_slices(q.shape[0], q.shape[1], 2),
                                                  self.tol(p), self.cfg["chunk_elems"])
-        log(f"   ours vs flex: {'ok' if c['ok'] else 'FAIL'} " + _errs(c)
+        log(f"   ours vs flex: {'ok' if c['ok'] else 'FAIL'} " + errs(c)
             + f"; flex vs reference: {'ok' if corr['flex_vs_ref']['ok'] else 'FAIL'}")
         if backward and not c["ok"]:  # which of the two is off: both vs the reference on the worst row's slice
             name = max((k_ for k_ in NAMES if k_ in c), key=lambda k_: c[k_]["row"])
@@ -954,7 +374,7 @@ class Check:
                 corr[f"{who}_vs_ref_worst_slice"] = r_ = check_vs_reference(p, (q, k, v, do), xs, sl, self.tol(p),
                                                                             self.cfg["chunk_elems"])
                 log(f"   {who} vs reference on (b, h) = {sl[0]} ({name} row {int(i_)}): "
-                    f"{'ok' if r_['ok'] else 'FAIL'} " + _errs(r_))
+                    f"{'ok' if r_['ok'] else 'FAIL'} " + errs(r_))
         self.ratios(rec)
 
     # ---------------------------------------------------------------- units: decode
@@ -1046,103 +466,6 @@ class Check:
         cats = ", ".join(f"{c['category']} {100 * c['share']:.0f}%" for c in rec["categories"][:6])
         log(f"   {len(rec['kernels'])} kernels, {rec['total_us'] / 1e3:.2f} ms of kernel time: {cats}")
 
-    # ---------------------------------------------------------------- units: smoke
-    def unit_smoke_data(self, rec):
-        from gpu_smoke import write_fake_cifar
-
-        d = write_fake_cifar(self.work / "cifar", self.cfg["smoke"]["per_batch"], seed=0)
-        rec.update({"dir": str(d), "per_batch": self.cfg["smoke"]["per_batch"]})
-
-    def start_wrapped(self, kind: str, backend: str, argv: list[str]) -> dict:
-        """Start bench/gpu_smoke.py KIND (train.py / sample.py in a wrapper) with IMGGEN_BACKEND=backend."""
-        result = self.work / f"{kind}_{backend}.json"
-        logpath = self.work / f"{kind}_{backend}.log"
-        cmd = [sys.executable, str(BENCH / "gpu_smoke.py"), kind, str(result), "--", *argv]
-        env = dict(os.environ, IMGGEN_BACKEND=backend, PYTHONUNBUFFERED="1")
-        lf = open(logpath, "w")
-        lf.write(f"==== [{elapsed():.1f}s] IMGGEN_BACKEND={backend} {' '.join(cmd)}\n")
-        lf.flush()
-        # own process group (killpg reaches inductor's compile workers too), same session: whatever
-        # reaps this run's session on a hard kill reaps these as well
-        proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdout=lf, stderr=subprocess.STDOUT, process_group=0)
-        return {"proc": proc, "kind": kind, "result": result, "log": logpath, "file": lf, "t": time.time()}
-
-    def wait_wrapped(self, h: dict, rec: dict) -> dict:
-        """Wait for a started wrapper until the end of this unit's slot (then kill its process group);
-        its output is appended to $OUT/smoke.log and its result JSON merged into rec."""
-        proc = h["proc"]
-        try:
-            rc = proc.wait(timeout=max(1.0, self.slot_end - time.time() - 1.5))
-        except subprocess.TimeoutExpired:
-            rc = "killed"
-            rec["error"] = f"killed after {time.time() - h['t']:.0f} s (end of its time slot)"
-        except BaseException:  # UnitTimeout, HardStop: kill, keep the log, re-raise
-            rc = "killed"
-            raise
-        finally:
-            if rc == "killed":
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            h["file"].close()
-            text = h["log"].read_text(errors="replace")
-            with open(self.out / "smoke.log", "a") as f:
-                f.write(text + "\n")
-            rec["rc"] = rc
-            rec["wall_s"] = time.time() - h["t"]
-            rec["log_tail"] = [ln[-300:] for ln in text.splitlines()[-6:]]
-        if h["result"].exists():
-            rec.update({k: v for k, v in json.loads(h["result"].read_text()).items() if k != "argv"})
-        if rc != 0:
-            raise RuntimeError(rec.get("error") or f"{h['kind']} exited {rc}: " + " / ".join(rec["log_tail"][-2:]))
-        return rec
-
-    def train_argv(self, backend: str) -> list[str]:
-        sm = self.cfg["smoke"]
-        data = self.res["smoke"].get("data", {}).get("dir")
-        run = self.work / f"run_{backend}"
-        return ["--preset", "cifar", "--data", f"cifar:{data}", "--out", str(run), "--overwrite", "--seed", "0",
-                "--steps", str(sm["steps"]), "--train.log_every", "1", "--train.eval_every", str(sm["steps"]),
-                "--train.ckpt_every", str(sm["steps"]), "--train.grid_time_frac", "0", "--no-progress", *sm["args"]]
-
-    def unit_train(self, backend: str, rec: dict):
-        """train.py in its own process. On the GPU the backends run one after the other (tokens/s and
-        compile times are per backend); the CPU dry run starts them together (2 cores)."""
-        sm = self.cfg["smoke"]
-        if not self.res["smoke"].get("data", {}).get("dir"):
-            raise SkipUnit("no smoke data: smoke/data did not run")
-        if backend not in self.smoke_procs:
-            for be in (sm["backends"] if self.dry else (backend,)):
-                if be not in self.smoke_procs and f"train_{be}" not in self.started:
-                    self.smoke_procs[be] = self.start_wrapped("train", be, self.train_argv(be))
-                    self.started.add(f"train_{be}")
-        argv = self.train_argv(backend)
-        rec["argv"] = argv
-        rec["run_dir"] = argv[argv.index("--out") + 1]
-        try:
-            self.wait_wrapped(self.smoke_procs.pop(backend), rec)
-        finally:
-            rec.update(parse_train_log(Path(rec["run_dir"]) / "log.jsonl", sm["steps"]))
-        log(f"   train {backend}: rc {rec.get('rc')}, {rec.get('wall_s', 0):.1f} s, step-1 bpd {fmt(rec.get('step1_bpd'))}, "
-            f"last bpd {fmt(rec.get('last_bpd'))}, {fmt(rec.get('tokens_per_s'))} tokens/s, peak "
-            f"{fmt((rec.get('peak_mem_bytes') or 0) / 2 ** 30)} GiB")
-
-    def unit_sample(self, rec: dict):
-        sm = self.cfg["smoke"]
-        runs = [self.res["smoke"].get(f"train_{be}", {}) for be in sm["backends"]]
-        run = next((r for r in runs if r.get("rc") == 0), None)
-        if run is None:
-            raise SkipUnit("no trained checkpoint: no training smoke succeeded")
-        png = self.out / "samples.png"
-        argv = ["--checkpoint", run["run_dir"], "--num", str(sm["sample_num"]), "--out", str(png), "--seed", "0"]
-        if self.dry:
-            argv += ["--device", "cpu", "--threads", "1"]  # default threads on a busy 2-core box: ~75x slower
-        rec.update({"argv": argv, "from": run["backend"]})
-        self.wait_wrapped(self.start_wrapped("sample", run["backend"], argv), rec)
-        rec["png"] = str(png) if png.exists() else None
-        if not png.exists():
-            raise RuntimeError(f"sample.py wrote no {png}")
-        log(f"   sample: {rec.get('wall_s', 0):.1f} s, {png}")
-
     # ---------------------------------------------------------------- units: self-check
     def unit_selfcheck(self, kind, params, d, rec):
         from imggen.attention import triton_selfcheck
@@ -1158,269 +481,6 @@ class Check:
         rec["seconds"] = time.time() - t
         log(f"   {kind} D={d}: {'pass' if rec['ok'] else 'FAIL: ' + rec['error']} ({rec['seconds']:.1f} s)")
 
-    # ---------------------------------------------------------------- report
-    def markdown(self) -> str:
-        r, meta = self.res, self.res["meta"]
-        dry = " (DRY RUN on CPU: plumbing only, no measurement)" if self.dry else ""
-        L = [f"# GPU check{dry}", "",
-             f"{meta.get('device')} · torch {meta.get('torch')} · triton {meta.get('triton')} · "
-             f"{meta.get('dtype')} D={meta.get('D')} · started {meta.get('started')} · "
-             f"{meta.get('elapsed_s', 0):.0f} s of a {self.budget:.0f} s budget · parts {','.join(meta.get('parts', []))}",
-             ""]
-        tg = r["targets"]
-        counts = {v: sum(t["verdict"] == v for t in tg) for v in ("PASS", "FAIL", "NOT RUN")}
-        L += [f"**Targets: {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['NOT RUN']} NOT RUN**"
-              + (" (dry run: verdicts exercise the logic only)" if self.dry else ""), ""]
-        L.append(md_table(["target", "measured", "goal", "verdict", "why / note"],
-                          [[t["target"], t["value"], t["goal"], t["verdict"],
-                            "; ".join(x for x in (t["why"], t["note"]) if x)] for t in tg]))
-        L += ["", md_table(["check", "result"], summary_checks(r, self.cfg))]
-        env = r["env"]
-        if env.get("copy_GBps"):
-            L += ["", f"HBM: measured device-to-device copy {env['copy_GBps']:.0f} GB/s (read + write); "
-                      f"datasheet {H200_HBM_GBPS:.0f} GB/s."]
-        # rows
-        rows = list(r["rows"].values())
-        L += ["", "## Sparse attention (fwd+bwd unless noted; ms; x = peer time / ours)", ""]
-        L.append(md_table(
-            ["row", "N", "BxH", "density", "ours fwd", "ours f+b", "fwd TF/s", "f+b TF/s", "flex f+b", "x flex f+b",
-             "x flex fwd", "SDPA f+b", "x SDPA f+b", "x SDPA fwd", "correct", "first s ours / flex", "status"],
-            [[x["label"] + (" **(target)**" if x.get("decisive") else ""), x["n"], f"{x['B']}x{x['H']}",
-              x.get("density"), g(x, "ours", "fwd_ms"), g(x, "ours", "fb_ms"), g(x, "ours", "fwd_TF"),
-              g(x, "ours", "fb_TF"),
-              g(x, "flex", "fb_ms"), x.get("x_flex_fb"), x.get("x_flex_fwd"), g(x, "sdpa", "fb_ms"),
-              x.get("x_sdpa_fb"), x.get("x_sdpa_fwd"), corr_text(x),
-              f"{fmt(first(x, 'ours'))} / {fmt(first(x, 'flex'))}", row_status(x)] for x in rows]))
-        diffs = [x for x in rows if x.get("one")]
-        if diffs:
-            L += ["", md_table(["diffuser row", "diffuser f+b ms", "one attention f+b ms", "ratio (target <= 3)",
-                                "one attention via"],
-                               [[x["label"] + f" N={x['n']}", g(x, "ours", "fb_ms"), g(x, "one", "fb_ms"),
-                                 x.get("diff_over_one"), g(x, "one", "how")] for x in diffs])]
-        sd = {(x["n"], x["B"]): x["sdpa"] for x in rows if x.get("sdpa")}
-        if sd:
-            L += ["", "Dense causal SDPA itself: " + "; ".join(
-                f"N={n} B={b}: fwd {fmt(m['fwd_ms'])} ms ({fmt(m['dense_fwd_TF'])} TF/s), f+b {fmt(m['fb_ms'])} ms "
-                f"({fmt(m['dense_fb_TF'])} TF/s), {m['backend']}" for (n, b), m in sd.items())]
-        L += ["", "### Correctness detail (rel / worst row; tolerances in the JSON)", ""]
-        cl = []
-        for x in rows:
-            for key, c in (x.get("correct") or {}).items():
-                cl.append([x["label"] + f" N={x['n']}", key, "ok" if c.get("ok") else "FAIL"]
-                          + [f"{fmt(c[nm]['rel'])} / {fmt(c[nm]['row'])}" if nm in c else "-" for nm in NAMES])
-        if cl:
-            L.append(md_table(["row", "check", "verdict", *NAMES], cl))
-        # decode
-        dec = list(r["decode"].values())
-        if dec:
-            L += ["", "## Decode (one query vs a KV cache; B x H x L x D; CUDA graph)", ""]
-            L.append(md_table(["L", "BxH", "us/call (graph)", "us/call (eager)", "GB/s", "% copy", "% 4.8 TB/s",
-                               "correct", "first s", "status"],
-                              [[d["L"], f"{d.get('B')}x{d.get('H')}", d.get("graph_us"), d.get("eager_us"),
-                                d.get("GBps"), pct(d.get("frac_copy")), pct(d.get("frac_datasheet")),
-                                ok_text(d.get("correct")), d.get("first_s"), row_status(d)] for d in dec]))
-        # profile
-        for rid, pr in r["profile"].items():
-            if not pr.get("categories") and not pr.get("errors") and not pr.get("skipped"):
-                continue
-            L += ["", f"## Kernel breakdown: {pr.get('label')} fwd+bwd (one profiler pass)", ""]
-            if pr.get("categories"):
-                L.append(md_table(["category", "calls", "us", "share"],
-                                  [[c["category"], c["calls"], c["us"], pct(c["share"])] for c in pr["categories"]]))
-                L += ["", md_table(["kernel", "category", "calls", "us", "share"],
-                                   [[k["name"][:90], k["category"], k["calls"], k["us"], pct(k["share"])]
-                                    for k in pr["kernels"][:12]])]
-                L += ["", f"kernel time {fmt(pr['total_us'] / 1e3)} ms, wall {fmt(pr.get('wall_ms'))} ms "
-                          "(profiler on)" + ("; " + "; ".join(pr["notes"]) if pr.get("notes") else "")]
-            L.append(row_status(pr, long=True))
-        # smoke
-        sm = r["smoke"]
-        trains = [v for k, v in sm.items() if k.startswith("train_")]
-        if trains:
-            L += ["", "## Training smoke (train.py --preset cifar on generated images; sample.py)", ""]
-            L.append(md_table(["backend", "rc", "wall s", "step-1 bpd", "last bpd", "tokens/s (median)",
-                               "peak GiB", "status"],
-                              [[t["backend"], t.get("rc"), t.get("wall_s"), t.get("step1_bpd"), t.get("last_bpd"),
-                                t.get("tokens_per_s"), (t.get("peak_mem_bytes") or 0) / 2 ** 30 if t.get(
-                                    "peak_mem_bytes") else None, row_status(t)] for t in trains]))
-            same = smoke_same_loss(sm, self.cfg["smoke"]["backends"], self.cfg["smoke_loss_tol"])
-            if same:
-                sm["same_loss_step1"] = same
-                L += ["", f"Step-1 loss, {same['a']} vs {same['b']}: |diff| = {fmt(same['diff'])} bits/dim "
-                          f"(tolerance {same['tol']}) -> **{'PASS' if same['ok'] else 'FAIL'}**"]
-            s = sm.get("sample")
-            if s:
-                L += ["", f"sample.py ({s.get('from')}): rc {s.get('rc')}, {fmt(s.get('wall_s'))} s, "
-                          f"png {s.get('png')}; " + row_status(s)]
-            if trains and trains[0].get("argv"):
-                L += ["", "train.py arguments: `" + " ".join(trains[0]["argv"]) + "`"]
-        # selfcheck
-        sc = list(r["selfcheck"].values())
-        if any("ok" in s or s.get("errors") or s.get("skipped") for s in sc):
-            L += ["", "## Triton self-check (imggen.attention.triton_selfcheck, as backend 'auto' runs it)", ""]
-            L.append(md_table(["kind", "dtype", "D", "result", "s", "error"],
-                              [[s["kind"], s["dtype"], s["D"],
-                                "pass" if s.get("ok") else ("FAIL" if "ok" in s else "not run"), s.get("seconds"),
-                                s.get("error") or row_status(s)] for s in sc]))
-        # errors + timeline
-        if r["errors"]:
-            L += ["", "## Errors", ""] + [f"- `{e['unit']}`: {e['error']}" for e in r["errors"]]
-        skipped = [s for grp in (r["rows"], r["decode"], r["profile"], r["selfcheck"], r["smoke"])
-                   for v in grp.values() if isinstance(v, dict) for s in v.get("skipped", [])]
-        if skipped:
-            L += ["", "## Not run", ""] + [f"- {s}" for s in skipped]
-            L += ["", "Run the rest in a longer slot: `bash bench/gpu_check.sh --parts grid,selfcheck --budget 540`"]
-        L += ["", "## Timeline", ""]
-        L.append(md_table(["unit", "start s", "seconds", "status"],
-                          [[t["unit"], t["start_s"], t["seconds"], t["status"]] for t in r["timeline"]]))
-        L += ["", "## Conventions", ""] + [f"- {c}" for c in CONVENTIONS] + [""]
-        return "\n".join(L)
-
-
-def _alarm(signum, frame):
-    raise UnitTimeout()
-
-
-def _term(signum, frame):
-    raise HardStop()
-
-
-def summary_checks(r: dict, cfg: dict) -> list[list[str]]:
-    """One line per group of gates that are not targets: correctness of every row that ran, the
-    training smoke, the self-checks."""
-    out = []
-    runs = [(x["label"] + f" N={x['n']}", key, c) for x in r["rows"].values()
-            for key, c in (x.get("correct") or {}).items() if not key.startswith("flex_vs_ref")]
-    bad = [f"{lbl} {key}" for lbl, key, c in runs if not c.get("ok")]
-    out.append(["attention correctness (ours vs fp32 reference, ours vs flex)",
-                f"{len(runs) - len(bad)}/{len(runs)} ok" + (": FAIL " + ", ".join(bad) if bad else "")])
-    dec = [d for d in r["decode"].values() if d.get("correct")]
-    bad = [str(d["L"]) for d in dec if not d["correct"].get("ok")]
-    out.append(["decode correctness", f"{len(dec) - len(bad)}/{len(dec)} ok" + (": FAIL L=" + ",".join(bad) if bad else "")])
-    sm = r["smoke"]
-    trains = [(be, sm.get(f"train_{be}", {})) for be in cfg["smoke"]["backends"]]
-    txt = ", ".join(f"{be} {'ok' if t.get('rc') == 0 else ('not run' if 'rc' not in t else 'FAIL')}" for be, t in trains)
-    same = smoke_same_loss(sm, cfg["smoke"]["backends"], cfg["smoke_loss_tol"])
-    if same:
-        txt += f"; step-1 loss equal within {same['tol']} bpd: {'PASS' if same['ok'] else 'FAIL'} ({fmt(same['diff'])})"
-    s = sm.get("sample", {})
-    txt += f"; sample.py {'ok' if s.get('rc') == 0 else ('not run' if 'rc' not in s else 'FAIL')}"
-    out.append(["training smoke (train.py, sample.py)", txt])
-    sc = [v for v in r["selfcheck"].values() if "ok" in v]
-    bad = [f"{v['kind']}/D{v['D']}" for v in sc if not v["ok"]]
-    out.append(["triton_selfcheck", f"{len(sc) - len(bad)}/{len(sc)} pass" + (": FAIL " + ", ".join(bad) if bad else "")
-                + (f" ({len(r['selfcheck']) - len(sc)} not run)" if len(sc) < len(r["selfcheck"]) else "")])
-    return out
-
-
-def g(rec, part, key):
-    return (rec.get(part) or {}).get(key)
-
-
-def first(rec, part):
-    m = rec.get(part) or {}
-    if "first_fwd_s" not in m:
-        return None
-    return m["first_fwd_s"] + m.get("first_bwd_s", 0.0)
-
-
-def pct(x):
-    return None if x is None else f"{100 * x:.0f}%"
-
-
-def ok_text(c):
-    if not c:
-        return "-"
-    return "ok" if c.get("ok") else "FAIL"
-
-
-def corr_text(rec):
-    c = rec.get("correct") or {}
-    parts = []
-    for key, lbl in (("ours_vs_ref", "ref"), ("one_vs_ref", "one"), ("ours_vs_flex", "flex")):
-        if key in c:
-            parts.append(f"{lbl} {'ok' if c[key].get('ok') else 'FAIL'}")
-    return ", ".join(parts) or "-"
-
-
-def row_status(rec, long=False):
-    """'ok', or FAIL / not run with the unit (last part of its id) and the reason."""
-    errs, skipped = rec.get("errors") or [], rec.get("skipped") or []
-    unit = lambda text: text.split(": ", 1)[0].rsplit("/", 1)[-1] + ": " + text.split(": ", 1)[-1]  # noqa: E731
-    out = []
-    if errs:
-        out.append("FAIL " + "; ".join(unit(e) for e in errs))
-    if skipped:
-        out.append("; ".join(unit(s) for s in skipped))
-    if not out:
-        return "" if long else "ok"
-    return " / ".join(out)[: (600 if long else 240)]
-
-
-def _errs(c):
-    return ", ".join(f"{n} {fmt(c[n]['rel'])}/{fmt(c[n]['row'])}" for n in NAMES if n in c)
-
-
-def softmax_twin(pattern, table: bool = False):
-    """The same pattern (same graph) as a plain softmax attention: a subclass of its class with
-    is_diffusion off (table=True also hands the kernels per-block element masks instead of the
-    pattern's arithmetic rule)."""
-    from imggen.patterns import KernelSpec
-
-    cls = type(pattern)
-    if (cls, table) not in _TWINS:  # one class per (pattern class, table): equal twins share caches
-        ns = {"is_diffusion": False, "__module__": __name__,
-              "__qualname__": cls.__qualname__ + ("SoftmaxTable" if table else "Softmax")}
-        if table:
-            ns["kernel_spec"] = lambda self, tile: KernelSpec()
-        _TWINS[cls, table] = type(ns["__qualname__"], (cls,), ns)
-    return _TWINS[cls, table](**{f.name: getattr(pattern, f.name) for f in dataclasses.fields(pattern)})
-
-
-_TWINS: dict = {}
-
-
-def parse_train_log(path: Path, steps: int) -> dict:
-    """From train.py's log.jsonl (--train.log_every 1): step-1 and last train bits/dim, median
-    tokens/s over steps > 10 (all but step 1 on short runs), steps logged."""
-    out = {"steps_logged": 0}
-    if not Path(path).exists():
-        return out
-    rows = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            d = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(d, dict) and "train_bpd" in d:
-            rows.append(d)
-    if not rows:
-        return out
-    rows.sort(key=lambda d: d["step"])
-    out["steps_logged"] = len(rows)
-    s1 = next((d for d in rows if d["step"] == 1), None)
-    out["step1_bpd"] = s1["train_bpd"] if s1 else None
-    out["last_step"] = rows[-1]["step"]
-    out["last_bpd"] = rows[-1]["train_bpd"]
-    steady = [d["tokens_per_s"] for d in rows if d["step"] > 10 and d.get("tokens_per_s")]
-    if len(steady) < 3:
-        steady = [d["tokens_per_s"] for d in rows if d["step"] > 1 and d.get("tokens_per_s")] or \
-                 [d["tokens_per_s"] for d in rows if d.get("tokens_per_s")]
-    out["tokens_per_s"] = statistics.median(steady) if steady else None
-    tail = [d["train_bpd"] for d in rows[-10:]]
-    out["last10_mean_bpd"] = statistics.mean(tail)
-    return out
-
-
-def smoke_same_loss(sm: dict, backends, tol: float) -> dict | None:
-    a, b = (sm.get(f"train_{be}", {}) for be in backends[:2])
-    if a.get("step1_bpd") is None or b.get("step1_bpd") is None:
-        return None
-    diff = abs(a["step1_bpd"] - b["step1_bpd"])
-    return {"a": backends[0], "b": backends[1], "diff": diff, "tol": tol, "ok": diff <= tol}
-
-
-PARTS = ("env", "decisive", "decode", "profile", "smoke", "selfcheck", "grid")
 
 
 def parse_args(argv=None):
@@ -1447,7 +507,7 @@ def main(argv=None) -> int:
         print("gpu_check: no CUDA GPU visible to torch (torch.cuda.is_available() is False); run it on an H200, "
               "or use --dry-run for the CPU plumbing test", flush=True)
         return 2
-    signal.signal(signal.SIGTERM, _term)
+    stop_on_sigterm()
     check = Check(args)
     try:
         return check.run()
@@ -1456,10 +516,7 @@ def main(argv=None) -> int:
         return 1
     finally:
         for h in check.smoke_procs.values():  # started but never waited for (run stopped early)
-            try:
-                os.killpg(h["proc"].pid, signal.SIGKILL)
-            except OSError:
-                pass
+            check.kill_wrapped(h)
         check.save()
         if args.keep_work:
             log(f"work folder kept: {check.work}")

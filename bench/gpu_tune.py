@@ -16,7 +16,6 @@ Writes gpu_tune.md and gpu_tune.json (rewritten after every row) under $OUT, els
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -29,8 +28,8 @@ if "--dry-run" in sys.argv:
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_bench import time_call  # noqa: E402
 from gpu_smoke import ensure_imggen  # noqa: E402
+from harness import machine, md_table, out_dir, sync, time_call, write_results  # noqa: E402
 
 ensure_imggen()
 import imggen  # noqa: E402
@@ -96,8 +95,7 @@ def sweep_row(label, kind, params, d, deadline, dry) -> dict:
                         x = list(torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
                         x, ref = (x[:1], default[1:2]) if kernel == "dq" else (x[1:], default[2:])
                         fn = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
-                    if not dry:
-                        torch.cuda.synchronize()
+                    sync(dev)
                     r["first_s"] = time.time() - t
                     r["rel"] = max(rel(xi, ri) for xi, ri in zip(x, ref))
                     if kernel == "fwd":
@@ -112,27 +110,25 @@ def sweep_row(label, kind, params, d, deadline, dry) -> dict:
     return rec
 
 
-def markdown(recs, args) -> str:
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (dry run)"
-    import triton
-    lines = [f"# Kernel tile sweep\n\n{dev} · torch {torch.__version__} · triton {triton.__version__} · "
-             f"`python3 bench/gpu_tune.py --budget {args.budget} --head-dim {args.head_dim}` · {time.strftime('%F %T')}\n",
+def markdown(recs, args, m: dict) -> str:
+    lines = [f"# Kernel tile sweep\n\n{m['gpu'] or 'cpu (dry run)'} · torch {m['torch']} · triton {m['triton']} · "
+             f"commit {m['commit']} · `python3 bench/gpu_tune.py --budget {args.budget} --head-dim {args.head_dim}` · "
+             f"{time.strftime('%F %T')}\n",
              "ms: fwd = forward alone; dq / dkdv = whole backward with that kernel's tile forced (the others as "
              "the launcher picks them). x first: the kernel's first candidate's time / this one's. rel: vs the result "
              "with every tile as the launcher picks it (kernels.tuning order, own-rule tiles first).\n"]
     for rec in recs:
-        lines += [f"## {rec['row']} (N={rec['N']}, BxH={rec['BxH']}, D={rec.get('D', 64)})\n", "| kernel | config | ms | x first | rel | first s |",
-                  "|---|---|---|---|---|---|"]
-        base = {}
+        base, rows = {}, []
         for r in rec["results"]:
             base.setdefault(r["kernel"], r.get("ms"))
             if "ms" in r:
                 x = base[r["kernel"]] / r["ms"] if base[r["kernel"]] else float("nan")
-                lines.append(f"| {r['kernel']} | {r['config']} | {r['ms']:.3f} | {x:.2f} | {r['rel']:.1e} | "
-                             f"{r['first_s']:.1f} |")
+                rows.append([r["kernel"], r["config"], f"{r['ms']:.3f}", f"{x:.2f}", f"{r['rel']:.1e}",
+                             f"{r['first_s']:.1f}"])
             else:
-                lines.append(f"| {r['kernel']} | {r['config']} | - | - | - | {r['error']} |")
-        lines.append("")
+                rows.append([r["kernel"], r["config"], "-", "-", "-", r["error"]])
+        lines += [f"## {rec['row']} (N={rec['N']}, BxH={rec['BxH']}, D={rec.get('D', 64)})\n",
+                  md_table(["kernel", "config", "ms", "x first", "rel", "first s"], rows), ""]
     return "\n".join(lines)
 
 
@@ -147,16 +143,15 @@ def main() -> int:
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_tune.py: no CUDA device; use --dry-run for the CPU plumbing check")
         return 2
-    out = Path(os.environ.get("OUT") or Path(__file__).resolve().parent / "results")
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_dir()
+    m = machine()
     deadline = T0 + args.budget
     rows = [ROWS[int(i)] for i in args.rows.split(",")] if args.rows else ROWS
     recs = []
     for label, kind, params in rows:
         recs.append(sweep_row(label, kind, params, 32 if args.dry_run else args.head_dim, deadline, args.dry_run))
-        (out / "gpu_tune.json").write_text(json.dumps(recs, indent=1))
-        (out / "gpu_tune.md").write_text(markdown(recs, args))
-    print(markdown(recs, args))
+        write_results(out, "gpu_tune", recs, markdown(recs, args, m))
+    print(markdown(recs, args, m))
     print(f"gpu_tune.py: {time.time() - T0:.0f} s")
     return 0
 

@@ -21,7 +21,10 @@ from imggen.attention import reference_attention
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-import gpu_bench as gb  # noqa: E402
+import gpu_readouts as gro  # noqa: E402
+import gpu_reference as gr  # noqa: E402
+import gpu_targets as gt  # noqa: E402
+import harness  # noqa: E402
 
 INJECT = "grid/band-w32-n64/ours+sdpa"  # a grid unit that the dry run makes raise (--inject-failure)
 
@@ -147,24 +150,24 @@ def test_chunked_reference_matches_autograd(kind, params):
     x = [t.clone().requires_grad_() for t in (q, k, v)]
     o = reference_attention(*x, p)
     want = [o.detach(), *torch.autograd.grad(o, x, do)]
-    tables = gb.allowed_tables(p, n, heads, "cpu")
+    tables = gr.allowed_tables(p, n, heads, "cpu")
     for h in range(heads):
-        got = gb.reference_head(p, q[0, h], k[0, h], v[0, h], do[0, h], h, tables, chunk_elems=7 * n)
-        for name, a, b in zip(gb.NAMES, got, want):
+        got = gr.reference_head(p, q[0, h], k[0, h], v[0, h], do[0, h], h, tables, chunk_elems=7 * n)
+        for name, a, b in zip(gr.NAMES, got, want):
             torch.testing.assert_close(a, b[0, h], rtol=1e-9, atol=1e-9, msg=f"{kind} head {h} {name}")
 
 
 @pytest.mark.parametrize("kind,params", PATTERNS, ids=[k for k, _ in PATTERNS])
 def test_pair_count_is_the_mask(kind, params):
     p = imggen.make_pattern(kind, **params)
-    counts = gb.count_pairs(p, 40, 3, "cpu", chunk_elems=100)
+    counts = gr.count_pairs(p, 40, 3, "cpu", chunk_elems=100)
     assert counts == [int(m.sum()) for m in p.masks(40, 3)]
 
 
 def test_softmax_twin_is_one_attention_on_the_same_graph():
     p = imggen.make_pattern("diffuser", window=6, global_tokens=3, random_edges=2, steps=4, alpha=0.1, block=8)
     for table in (False, True):
-        t = gb.softmax_twin(p, table=table)
+        t = gr.softmax_twin(p, table=table)
         assert not t.is_diffusion and p.is_diffusion and t != p
         assert torch.equal(t.masks(30, 2), p.masks(30, 2))
         q, k, v = (torch.randn(1, 2, 30, 4, dtype=torch.float64) for _ in range(3))
@@ -176,14 +179,14 @@ def test_error_metrics_catch_one_bad_row_and_nan():
     ref = torch.randn(4, 1000, 16)
     x = ref + 1e-4 * torch.randn_like(ref)
     tol = {"rel": 2e-2, "row": 0.1}
-    assert gb.compare([x], [ref], tol)["ok"]
+    assert gr.compare([x], [ref], tol)["ok"]
     bad = x.clone()
     bad[2, 17] += 1.0  # one wrong row hides in the global norm but not in the row metric
-    c = gb.compare([bad], [ref], tol)
+    c = gr.compare([bad], [ref], tol)
     assert c["out"]["rel"] < 2e-2 and not c["ok"]
     assert divmod(c["out"]["worst_row_index"], 1000) == (2, 17)  # where the worst-slice check looks
     bad[0, 0, 0] = float("nan")
-    assert math.isinf(gb.compare([bad], [ref], tol)["out"]["rel"])
+    assert math.isinf(gr.compare([bad], [ref], tol)["out"]["rel"])
 
 
 def test_kernel_names_are_classified_generically():
@@ -192,10 +195,10 @@ def test_kernel_names_are_classified_generically():
              "_bwd_preprocess": "delta", "_delta_kernel": "delta", "_spmm": "diffuser steps",
              "_diff_ds": "diffuser steps", "_decode_split": "decode", "_decode_combine": "decode",
              "Memcpy DtoD (Device -> Device)": "copy/fill",
-             "void at::native::reduce_kernel<512, 1>(...)": gb.CATEGORIES[7][0], "mystery": "other"}
+             "void at::native::reduce_kernel<512, 1>(...)": gro.CATEGORIES[7][0], "mystery": "other"}
     for name, cat in cases.items():
-        assert gb.classify(name) == cat, name
-    b = gb.breakdown([("_fwd", 10.0), ("_fwd", 20.0), ("_bwd_dq", 70.0)])
+        assert gro.classify(name) == cat, name
+    b = gro.breakdown([("_fwd", 10.0), ("_fwd", 20.0), ("_bwd_dq", 70.0)])
     assert b["total_us"] == 100 and b["kernels"][0]["name"] == "_bwd_dq"
     assert {c["category"]: c["calls"] for c in b["categories"]} == {"dQ": 1, "forward": 2}
 
@@ -205,12 +208,12 @@ def test_train_log_parsing(tmp_path):
             for s in range(1, 101)]
     rows.insert(50, {"step": 50, "val_bpd": 7.0})
     (tmp_path / "log.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"step\": 10")  # cut line
-    r = gb.parse_train_log(tmp_path / "log.jsonl", 100)
+    r = gro.parse_train_log(tmp_path / "log.jsonl", 100)
     assert r["steps_logged"] == 100 and r["step1_bpd"] == pytest.approx(7.99) and r["last_bpd"] == pytest.approx(7.0)
     assert r["tokens_per_s"] == pytest.approx(1055.5)  # median over steps 11..100, compile-heavy step 1 left out
-    assert gb.parse_train_log(tmp_path / "missing.jsonl", 100) == {"steps_logged": 0}
-    same = gb.smoke_same_loss({"train_a": {"step1_bpd": 8.0}, "train_b": {"step1_bpd": 8.004}}, ("a", "b"), 0.01)
-    assert same["ok"] and not gb.smoke_same_loss({"train_a": {"step1_bpd": 8.0}, "train_b": {"step1_bpd": 8.1}},
+    assert gro.parse_train_log(tmp_path / "missing.jsonl", 100) == {"steps_logged": 0}
+    same = gro.smoke_same_loss({"train_a": {"step1_bpd": 8.0}, "train_b": {"step1_bpd": 8.004}}, ("a", "b"), 0.01)
+    assert same["ok"] and not gro.smoke_same_loss({"train_a": {"step1_bpd": 8.0}, "train_b": {"step1_bpd": 8.1}},
                                                  ("a", "b"), 0.01)["ok"]
 
 
@@ -224,7 +227,7 @@ def _targets(band_ok=True, flex_ok=True, x_flex=1.5, x_sdpa=13.0, tf=160.0, rati
                     "d": {"decisive": True, "kind": "diffuser", "label": "diffuser K=5", "n": 16384,
                           "diff_over_one": ratio, "correct": {"ours_vs_ref": ok(True), "one_vs_ref": ok(True)}}},
            "decode": {str(i): {"L": 4096 << i, "GBps": gb_s, "correct": ok(dec_ok)} for i, gb_s in enumerate(dec)}}
-    return [t["verdict"] for t in gb.evaluate_targets(res)]
+    return [t["verdict"] for t in gt.evaluate_targets(res)]
 
 
 def test_targets_are_gated_on_correctness():
@@ -234,7 +237,7 @@ def test_targets_are_gated_on_correctness():
     assert _targets(flex_ok=False) == ["FAIL", "PASS", "PASS", "PASS", "PASS"]
     assert _targets(dec_ok=False)[4] == "FAIL"
     assert _targets(x_flex=None, tf=None)[0::2][:2] == ["NOT RUN", "NOT RUN"]
-    assert [t["verdict"] for t in gb.evaluate_targets({"rows": {}, "decode": {}})] == ["NOT RUN"] * 3
+    assert [t["verdict"] for t in gt.evaluate_targets({"rows": {}, "decode": {}})] == ["NOT RUN"] * 3
 
 
 def test_cuda_timing_branch_with_a_fake_clock(monkeypatch):
@@ -262,7 +265,7 @@ def test_cuda_timing_branch_with_a_fake_clock(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    ms = gb.time_call(fn, "cuda", target_s=0.1, warmup=2)
+    ms = harness.time_call(fn, "cuda", target_s=0.1, warmup=2)
     assert ms == pytest.approx(0.25)
     # 2 warm-up + 1 estimate + samples of k = 8 calls (>= 2 ms each), 0.1 s / 2 ms -> 15 samples at most
     assert len(calls) == 3 + 8 * 15
@@ -277,5 +280,5 @@ def test_cuda_profiler_events_are_read():
     evs = [Ev("aten::mm", 50.0, "DeviceType.CPU"), Ev("_fwd", 30.0, "DeviceType.CUDA"),
            Ev("_bwd_dkdv", 60.0, "DeviceType.CUDA"), Ev("_bwd_dq", 40.0, "DeviceType.CUDA")]
     prof = type("P", (), {"events": lambda self_: evs})()
-    b = gb.breakdown(gb.kernel_events(prof, cuda=True))
+    b = gro.breakdown(gro.kernel_events(prof, cuda=True))
     assert b["total_us"] == 130 and [c["category"] for c in b["categories"]] == ["dK/dV", "dQ", "forward"]
