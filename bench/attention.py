@@ -15,18 +15,17 @@ import argparse
 import ctypes
 import json
 import os
-import platform
 import re
 import subprocess
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import imggen  # noqa: E402
+from harness import cpu_model, md_table, median_time, write_atomic  # noqa: E402
 
 
 def patterns(n: int, window: int, radius: int) -> dict:
@@ -50,16 +49,6 @@ def run(method: str, pat, q, k, v, backward: bool):
     if backward:
         o.backward(torch.ones_like(o))
     return o
-
-
-def timeit(fn, reps: int) -> float:
-    fn()  # warm-up (plans, allocator)
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def flex_forward(pat, n, h, d):
@@ -131,38 +120,38 @@ def main(argv=None):
     rows = []
     for n in args.n:
         pats = patterns(n, args.window, args.radius)
-        sd_f = timeit(lambda: run("sdpa", None, *inputs(n, h, d, grad=False), False), args.reps)
-        sd_fb = timeit(lambda: run("sdpa", None, *inputs(n, h, d), True), args.reps)
+        sd_f = median_time(lambda: run("sdpa", None, *inputs(n, h, d, grad=False), False), args.reps)
+        sd_fb = median_time(lambda: run("sdpa", None, *inputs(n, h, d), True), args.reps)
         rows.append(dict(n=n, method="dense causal SDPA", fwd=sd_f, fwdbwd=sd_fb,
                          mem=peak_mb("sdpa", "band", n, args)))
         for kind, pat in pats.items():
             qkv_ng, qkv = inputs(n, h, d, grad=False), inputs(n, h, d)
             with torch.no_grad():
-                f = timeit(lambda: run("cpu", pat, *qkv_ng, False), args.reps)
-            fb = timeit(lambda: run("cpu", pat, *qkv, True), args.reps)
-            flex = None if args.no_flex else timeit(flex_forward(pat, n, h, d), args.reps)
+                f = median_time(lambda: run("cpu", pat, *qkv_ng, False), args.reps)
+            fb = median_time(lambda: run("cpu", pat, *qkv, True), args.reps)
+            flex = None if args.no_flex else median_time(flex_forward(pat, n, h, d), args.reps)
             rows.append(dict(n=n, method=f"imggen cpu {kind}", fwd=f, fwdbwd=fb, flex_fwd=flex,
                              mem=peak_mb("cpu", kind, n, args),
                              vs_sdpa_fwdbwd=sd_fb / fb, vs_sdpa_fwd=sd_f / f,
                              flex_over_ours_fwd=None if flex is None else f / flex))
     print(f"\nCPU attention, H={h}, D={d}, band window {args.window}, local2d radius {args.radius} "
           f"(square image of N pixels); {torch.get_num_threads()} threads, torch {torch.__version__}, "
-          f"{platform.processor() or platform.machine()}")
-    print("| N | method | fwd ms | fwd+bwd ms | peak MB | SDPA/ours fwd+bwd | SDPA/ours fwd | Flex fwd ms | ours/Flex fwd |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        def fmt(x, s="{:.2f}"):
-            return "-" if x is None else s.format(x)
-        print(f"| {r['n']} | {r['method']} | {r['fwd'] * 1e3:.1f} | {r['fwdbwd'] * 1e3:.1f} | {r['mem']:.0f} | "
-              f"{fmt(r.get('vs_sdpa_fwdbwd'), '{:.1f}x')} | {fmt(r.get('vs_sdpa_fwd'), '{:.1f}x')} | "
-              f"{fmt(r.get('flex_fwd') and r['flex_fwd'] * 1e3, '{:.1f}')} | {fmt(r.get('flex_over_ours_fwd'), '{:.2f}x')} |")
+          f"{cpu_model()}")
+
+    def fmt(x, s="{:.2f}"):
+        return "-" if x is None else s.format(x)
+    print(md_table(["N", "method", "fwd ms", "fwd+bwd ms", "peak MB", "SDPA/ours fwd+bwd", "SDPA/ours fwd",
+                    "Flex fwd ms", "ours/Flex fwd"],
+                   [[str(r["n"]), r["method"], f"{r['fwd'] * 1e3:.1f}", f"{r['fwdbwd'] * 1e3:.1f}", f"{r['mem']:.0f}",
+                     fmt(r.get("vs_sdpa_fwdbwd"), "{:.1f}x"), fmt(r.get("vs_sdpa_fwd"), "{:.1f}x"),
+                     fmt(r.get("flex_fwd") and r["flex_fwd"] * 1e3, "{:.1f}"),
+                     fmt(r.get("flex_over_ours_fwd"), "{:.2f}x")] for r in rows]))
     mems = {r["n"]: r["mem"] for r in rows if r["method"] == "imggen cpu band"}
     if len(mems) >= 2:
         lo, hi = min(mems), max(mems)
         print(f"band peak memory N={hi} / N={lo}: {mems[hi] / max(mems[lo], 1e-9):.2f}x (N ratio {hi / lo:.0f}x)")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+        write_atomic(args.json, json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":
