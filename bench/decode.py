@@ -21,15 +21,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
-import subprocess
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from harness import command_line, cpu_model, md_row, md_table, repeat, write_atomic  # noqa: E402
 from imggen.config import ModelConfig  # noqa: E402
 from imggen.decode import make_cache  # noqa: E402
 from imggen.model import ImageTransformer  # noqa: E402
@@ -64,16 +64,14 @@ def decode_rate(model, batch: int, steps: int, keep_all: bool, chunks: int = 4) 
     caches = caches_for(model, batch, keep_all)
     fill(caches, model, n - steps, gen)
     prev = torch.randint(0, model.config.vocab, (batch,), generator=gen)
-    per, best = steps // chunks, 0.0
-    t = n - steps
-    for _ in range(chunks):
-        t0 = time.perf_counter()
+    per, t = steps // chunks, n - steps
+
+    def chunk():
+        nonlocal prev, t
         for _ in range(per):
-            logits = model.step(prev, t, caches)
-            prev = logits.argmax(-1)
+            prev = model.step(prev, t, caches).argmax(-1)
             t += 1
-        best = max(best, batch * per / (time.perf_counter() - t0))
-    return best, sum(c.nbytes() for c in caches)
+    return batch * per / repeat(chunk, chunks, warmup=0).best, sum(c.nbytes() for c in caches)
 
 
 @torch.no_grad()
@@ -81,13 +79,7 @@ def recompute_rate(model, steps: int, at: int) -> float:
     """No cache: the next token at position `at` costs a forward over tokens 0..at. One untimed run
     first, so the blocked backend's per-length plan is cached and not charged to the timed steps."""
     tokens = torch.randint(0, model.config.vocab, (1, at + 1), generator=torch.Generator().manual_seed(0))
-    model(tokens)
-    best = 0.0
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        model(tokens)[:, -1].argmax(-1)
-        best = max(best, 1 / (time.perf_counter() - t0))
-    return best
+    return 1 / repeat(lambda: model(tokens)[:, -1].argmax(-1), steps, warmup=1).best
 
 
 def recompute_plan_bytes(model, n: int) -> int:
@@ -104,15 +96,6 @@ def recompute_plan_bytes(model, n: int) -> int:
             masks = [w.first, w.steady] if hasattr(w, "steady") else [w.bias]
             worst = max(worst, sum(m.numel() * m.element_size() for m in masks))
     return worst
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        name = next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except Exception:
-        name = platform.processor() or "unknown"
-    return f"{name}, {os.cpu_count()} logical CPUs"
 
 
 def fmt_bytes(b: int) -> str:
@@ -133,11 +116,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
-    header = ("| pattern | image | evict tok/s | full-cache tok/s | recompute tok/s | evict / full | "
-              "evict / recompute | evict cache | full cache | full / evict bytes |")
-    rows = [header, "|" + "---|" * (header.count("|") - 1)]
-    print(rows[0], flush=True)
-    print(rows[1], flush=True)
+    header = ["pattern", "image", "evict tok/s", "full-cache tok/s", "recompute tok/s", "evict / full",
+              "evict / recompute", "evict cache", "full cache", "full / evict bytes"]
+    rows = []
+    print(md_table(header, []), flush=True)
     t_start = time.time()
     results = {}
     for kind in args.patterns.split(","):
@@ -152,17 +134,17 @@ def main(argv=None) -> int:
                 rc, ratio = f"{rc_rate:,.2f}", f"{ev_rate / rc_rate:,.0f}x"
             else:  # the blocked backend's plan alone would not fit: not run
                 rc, ratio = f"not run (plan {plan / 2**30:.0f} GiB)", "-"
-            row = (f"| {kind} | {size}x{size} | {ev_rate:,.0f} | {full_rate:,.0f} | {rc} | "
-                   f"{ev_rate / full_rate:.1f}x | {ratio} | {fmt_bytes(ev_bytes)} | "
-                   f"{fmt_bytes(full_bytes)} | {full_bytes / ev_bytes:.1f}x |")
+            row = [kind, f"{size}x{size}", f"{ev_rate:,.0f}", f"{full_rate:,.0f}", rc, f"{ev_rate / full_rate:.1f}x",
+                   ratio, fmt_bytes(ev_bytes), fmt_bytes(full_bytes), f"{full_bytes / ev_bytes:.1f}x"]
             rows.append(row)
             results[(kind, size)] = dict(ev=ev_rate, full=full_rate, rc=rc_rate if rc[0].isdigit() else None,
                                          ev_bytes=ev_bytes, full_bytes=full_bytes)
-            print(row, flush=True)
+            print(md_row(row), flush=True)
     took = time.time() - t_start
-    cmd = "python bench/decode.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    meta = (f"- command: `{cmd.strip()}`\n- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}\n"
-            f"- CPU: {cpu_model()}; torch {torch.__version__}, {args.threads} thread(s); run took {took:.0f} s\n"
+    meta = (f"- command: `{command_line('decode.py', argv)}`\n"
+            f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}\n"
+            f"- CPU: {cpu_model()}, {os.cpu_count()} logical CPUs; torch {torch.__version__}, {args.threads} "
+            f"thread(s); run took {took:.0f} s\n"
             f"- batch {args.batch}; last {args.steps} positions decoded after a prefix fill; "
             f"recompute: batch 1, forward over the first n - steps/2 positions, best of "
             f"{args.recompute_steps} timed runs after one warm-up run")
@@ -175,10 +157,9 @@ def main(argv=None) -> int:
                 old = f.read()
             if "\n## Notes" in old:
                 notes = old[old.index("\n## Notes"):]
-        with open(args.out, "w") as f:
-            f.write("# Decode benchmark (CPU)\n\nWritten by `bench/decode.py`; the Notes section is kept across "
-                    "runs.\n\n" + "\n".join(rows) + "\n\n" + meta + "\n\n## Targets (band w=256)\n\n" + checks
-                    + "\n" + notes)
+        write_atomic(args.out, "# Decode benchmark (CPU)\n\nWritten by `bench/decode.py`; the Notes section is kept "
+                     "across runs.\n\n" + md_table(header, rows) + "\n\n" + meta + "\n\n## Targets (band w=256)\n\n"
+                     + checks + "\n" + notes)
     return 0
 
 

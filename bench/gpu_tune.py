@@ -112,8 +112,8 @@ def sweep_row(label, kind, params, d, deadline, dry) -> dict:
 
 def markdown(recs, args, m: dict) -> str:
     lines = [f"# Kernel tile sweep\n\n{m['gpu'] or 'cpu (dry run)'} · torch {m['torch']} · triton {m['triton']} · "
-             f"commit {m['commit']} · `python3 bench/gpu_tune.py --budget {args.budget} --head-dim {args.head_dim}` · "
-             f"{time.strftime('%F %T')}\n",
+             f"commit {m['commit']} · `python3 bench/gpu_tune.py --budget {args.budget} "
+             f"--head-dim {args.head_dim}` · {time.strftime('%F %T')}\n",
              "ms: fwd = forward alone; dq / dkdv = whole backward with that kernel's tile forced (the others as "
              "the launcher picks them). x first: the kernel's first candidate's time / this one's. rel: vs the result "
              "with every tile as the launcher picks it (kernels.tuning order, own-rule tiles first).\n"]
