@@ -24,29 +24,19 @@ import torch.nn as nn
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "bench"))
 
 import imggen.panels as panels  # noqa: E402
 from imggen.config import preset  # noqa: E402
 from imggen.decode import make_caches  # noqa: E402
 from imggen.model import ImageTransformer  # noqa: E402
-
-
-def median_time(fn, reps: int) -> float:
-    for _ in range(2):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return sorted(ts)[reps // 2]
+from harness import command_line, md_table, median_time, write_atomic  # noqa: E402
 
 
 def linears(dim: int, layers: int, rows: list[int], reps: int) -> list[str]:
     mods = [nn.Linear(i, o) for _ in range(layers) for o, i in [(3 * dim, dim), (dim, dim), (4 * dim, dim), (dim, 4 * dim)]]
     mb = panels.linear_bytes(nn.ModuleList(mods)) / 1e6
-    out = [f"| rows | F.linear ms | panels ms | speed-up | ({mb:.0f} MB of weights, {torch.get_num_threads()} threads) |",
-           "|---|---|---|---|---|"]
+    rows_out = []
     for m in rows:
         xs = {dim: torch.randn(m, dim), 4 * dim: torch.randn(m, 4 * dim)}
         store = {}
@@ -56,19 +46,21 @@ def linears(dim: int, layers: int, rows: list[int], reps: int) -> list[str]:
             forced = panels.ROWS_PER_THREAD
             panels.ROWS_PER_THREAD = 1 << 30  # time the panels above their default range too
             try:
-                a = median_time(lambda: [mod(xs[mod.in_features]) for mod in mods], reps)
-                b = median_time(lambda: [panels.panel_linear(mod, xs[mod.in_features], store) for mod in mods], reps)
+                a = median_time(lambda: [mod(xs[mod.in_features]) for mod in mods], reps, warmup=2)
+                b = median_time(lambda: [panels.panel_linear(mod, xs[mod.in_features], store) for mod in mods], reps,
+                                warmup=2)
             finally:
                 panels.ROWS_PER_THREAD = forced
-        out.append(f"| {m} | {a * 1e3:.2f} | {b * 1e3:.2f} | {a / b:.2f}x | |")
-    return out
+        rows_out.append([str(m), f"{a * 1e3:.2f}", f"{b * 1e3:.2f}", f"{a / b:.2f}x", ""])
+    return md_table(["rows", "F.linear ms", "panels ms", "speed-up",
+                     f"({mb:.0f} MB of weights, {torch.get_num_threads()} threads)"], rows_out).split("\n")
 
 
 def steps(models: list[tuple[str, dict]], batches: list[int], modes: dict, rounds: int, per_round: int) -> list[str]:
     """Median decode-step time of each model and batch under two `modes` (label -> a function that
     applies it), taken in turns of `per_round` steps in one process."""
     (la, lb) = modes
-    out = [f"| model | linear weights | batch | {la} ms/step | {lb} ms/step | speed-up |", "|---|---|---|---|---|---|"]
+    out = []
     limit, threads = panels.MIN_BYTES, torch.get_num_threads()
     for name, over in models:
         torch.manual_seed(0)
@@ -96,8 +88,8 @@ def steps(models: list[tuple[str, dict]], batches: list[int], modes: dict, round
                 torch.set_num_threads(threads)
             a, b = (sorted(v)[len(v) // 2] for v in times.values())
             label = name + "".join(f" {k}={v}" for k, v in over.items())
-            out.append(f"| {label} | {mb:.1f} MB | {batch} | {a * 1e3:.2f} | {b * 1e3:.2f} | {a / b:.2f}x |")
-    return out
+            out.append([label, f"{mb:.1f} MB", str(batch), f"{a * 1e3:.2f}", f"{b * 1e3:.2f}", f"{a / b:.2f}x"])
+    return md_table(["model", "linear weights", "batch", f"{la} ms/step", f"{lb} ms/step", "speed-up"], out).split("\n")
 
 
 def _set(**kw):
@@ -140,9 +132,8 @@ def main(argv=None) -> int:
     print("\n".join(block), flush=True)
     lines += block
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(f"`python bench/panels.py {' '.join(argv or sys.argv[1:])}`, {time.strftime('%Y-%m-%d %H:%M')}\n\n")
-            f.write("\n".join(lines) + "\n")
+        write_atomic(args.out, f"`{command_line('panels.py', argv)}`, {time.strftime('%Y-%m-%d %H:%M')}\n\n"
+                     + "\n".join(lines) + "\n")
     return 0
 
 
