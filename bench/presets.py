@@ -32,6 +32,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(HERE, "bench"))
+from harness import command_line, md_row, md_table, repeat, write_atomic  # noqa: E402
+
 STEPS_MEASURED = 6
 
 
@@ -155,19 +158,14 @@ def worker_demo(repo: str) -> dict:
     model = ImageTransformer(cfg.model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(0, cfg.model.vocab, (cfg.train.batch_size, cfg.model.seq_len))
-    steps = []
-    for i in range(STEPS_MEASURED + 1):
-        if gov is not None:
-            gov.tick()
-        t0 = time.perf_counter()
-        _train_step(model, opt, x)
-        steps.append(time.perf_counter() - t0)
+    step = repeat(lambda: _train_step(model, opt, x), STEPS_MEASURED, warmup=1,
+                  before=gov.tick if gov is not None else None)  # the first step (allocations) untimed
     train_threads = torch.get_num_threads()
     _policy(repo, "sample")
     model.eval()
     t0 = time.perf_counter()
     sample(model, 1, seed=0)
-    return {"step_s": statistics.median(steps[1:]), "sample_s": time.perf_counter() - t0,
+    return {"step_s": step.median, "sample_s": time.perf_counter() - t0,
             "train_threads": train_threads, "sample_threads": torch.get_num_threads()}
 
 
@@ -233,8 +231,8 @@ def main(argv=None) -> int:
     if "grid" in parts:
         two = len(cols) == 2
         lines += ["## Sampling a 16-image grid (batch 16, random weights)", "",
-                  "| preset | run | " + " | ".join(f"{c}: s (tokens/s, threads)" for c in cols)
-                  + (" | speed-up |" if two else " |"), "|---|---|" + "---|" * (len(cols) + two)]
+                  md_table(["preset", "run", *(f"{c}: s (tokens/s, threads)" for c in cols)]
+                           + ["speed-up"] * two, [])]
         for preset in ("brats", "cifar"):
             ratios = []
             for i in range(args.repeat):
@@ -246,19 +244,19 @@ def main(argv=None) -> int:
                     ok = not any("error" in r for r in res.values())
                     ratios += [res["before"]["seconds"] / res["after"]["seconds"]] if ok else []
                     ratio = [f"{ratios[-1]:.2f}x" if ok else "-"]
-                lines.append(f"| {preset} | {i + 1} | " + " | ".join(
-                    [res[c].get("error") or f"{res[c]['seconds']:.1f} ({res[c]['tokens_per_s']:.0f}, "
-                     f"{res[c]['threads']})" for c in cols] + ratio) + " |")
+                lines.append(md_row([preset, str(i + 1)] + [
+                    res[c].get("error") or f"{res[c]['seconds']:.1f} ({res[c]['tokens_per_s']:.0f}, "
+                    f"{res[c]['threads']})" for c in cols] + ratio))
                 print(lines[-1], flush=True)
             if len(ratios) > 1:
-                lines.append(f"| {preset} | median (min-max) of {len(ratios)} | " + " | " * (len(cols) - 1)
-                             + f" | {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x) |")
+                lines.append(md_row([preset, f"median (min-max) of {len(ratios)}", *[""] * len(cols),
+                                     f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x)"]))
                 print(lines[-1], flush=True)
         lines.append("")
     if "inpaint" in parts:
         lines += ["## Inpainting 2 images, best of 8 each (one batch of 16, random weights)", "",
-                  "| preset | holes | " + " | ".join(f"{c}: s (threads)" for c in cols)
-                  + (" | speed-up |" if len(cols) == 2 else " |"), "|---|---|" + "---|" * (len(cols) + (len(cols) == 2))]
+                  md_table(["preset", "holes", *(f"{c}: s (threads)" for c in cols)]
+                           + ["speed-up"] * (len(cols) == 2), [])]
         for preset in ("brats", "cifar"):
             for kind in ("lesions", "centre"):
                 res = [run_worker(repos[c], "inpaint", preset, kind) for c in cols]
@@ -267,40 +265,38 @@ def main(argv=None) -> int:
                 if len(cols) == 2:
                     ok = not any("error" in r for r in res)
                     ratio = [f"{res[0]['seconds'] / res[1]['seconds']:.1f}x" if ok else "-"]
-                lines.append(f"| {preset} | {kind}{frac} | " + " | ".join(
-                    [r.get("error") or f"{r['seconds']:.1f} ({r['threads']})" for r in res] + ratio) + " |")
+                lines.append(md_row([preset, f"{kind}{frac}"]
+                                    + [r.get("error") or f"{r['seconds']:.1f} ({r['threads']})" for r in res] + ratio))
                 print(lines[-1], flush=True)
         lines.append("")
     if "memory" in parts:
         lines += ["## Peak memory of one training step at the preset's batch size", "",
-                  "| preset (batch) | " + " | ".join(f"{c}: peak GB (step s)" for c in cols)
-                  + " | after, activation checkpointing |", "|---|" + "---|" * (len(cols) + 1)]
+                  md_table(["preset (batch)", *(f"{c}: peak GB (step s)" for c in cols),
+                            "after, activation checkpointing"], [])]
         for preset in ("demo", "cifar", "brats"):
             res = [run_worker(repos[c], "memory", preset, "0") for c in cols]
             ac = run_worker(HERE, "memory", preset, "1")
             batch = next((r["batch"] for r in res + [ac] if "batch" in r), "?")
-            lines.append(f"| {preset} ({batch}) | " + " | ".join(
-                r.get("error") or f"{r['peak_gb']:.2f} ({r['step_s']:.0f})" for r in res + [ac]) + " |")
+            lines.append(md_row([f"{preset} ({batch})"]
+                                + [r.get("error") or f"{r['peak_gb']:.2f} ({r['step_s']:.0f})" for r in res + [ac]]))
             print(lines[-1], flush=True)
         lines.append("")
     if "shared" in parts:
         lines += ["## Shared cores: demo step and demo sample, alone vs beside a second demo training", "",
-                  "| checkout | step alone s | step beside s | ratio | sample alone s | sample beside s | ratio |",
-                  "|---|---|---|---|---|---|---|"]
+                  md_table(["checkout", "step alone s", "step beside s", "ratio", "sample alone s", "sample beside s",
+                            "ratio"], [])]
         for c in cols:
             r = shared(repos[c])
             a, b = r["alone"], r["beside"]
             ok = "error" not in a and "error" not in b
-            lines.append(f"| {c} | {fmt(a, 'step_s')} | {fmt(b, 'step_s')} | "
-                         f"{(b['step_s'] / a['step_s']) if ok else float('nan'):.1f}x | {fmt(a, 'sample_s')} | "
-                         f"{fmt(b, 'sample_s')} | {(b['sample_s'] / a['sample_s']) if ok else float('nan'):.1f}x |")
+            ratio = lambda key: f"{(b[key] / a[key]) if ok else float('nan'):.1f}x"  # noqa: E731
+            lines.append(md_row([c, fmt(a, "step_s"), fmt(b, "step_s"), ratio("step_s"), fmt(a, "sample_s"),
+                                 fmt(b, "sample_s"), ratio("sample_s")]))
             print(lines[-1], flush=True)
         lines.append("")
-    cmd = "python bench/presets.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    head = [f"`{cmd}` ({time.strftime('%Y-%m-%d %H:%M')}; {os.cpu_count()} CPUs)", ""]
+    head = [f"`{command_line('presets.py', argv)}` ({time.strftime('%Y-%m-%d %H:%M')}; {os.cpu_count()} CPUs)", ""]
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write("\n".join(head + lines))
+    write_atomic(args.out, "\n".join(head + lines))
     print("\n".join(head + lines))
     return 0
 
