@@ -10,17 +10,21 @@ print a markdown table; --out appends it to a results file.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 import warnings
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import md_row, md_table  # noqa: E402
+
 
 def bench_render(smiles, sizes, workers) -> str:
     from imggen.datasets import molecules as M
-    rows = ["| size | style | molecules | kept | too large | invalid | cold (s) | mol/s | cached (s) |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = []
     for h in sizes:
         tmp = tempfile.mkdtemp(prefix="imggen-bench-")
         try:
@@ -34,26 +38,27 @@ def bench_render(smiles, sizes, workers) -> str:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         c = M._counts(status)
-        rows.append(f"| {h}x{h} | {M.style_for(h, h).name} | {len(smiles)} | {c['kept']} | {c['too_large']} | "
-                    f"{c['invalid']} | {t1 - t0:.1f} | {len(smiles) / (t1 - t0):.0f} | {t2 - t1:.2f} |")
-    return "\n".join(rows)
+        rows.append([f"{h}x{h}", M.style_for(h, h).name, len(smiles), c["kept"], c["too_large"], c["invalid"],
+                     f"{t1 - t0:.1f}", f"{len(smiles) / (t1 - t0):.0f}", f"{t2 - t1:.2f}"])
+    return md_table(["size", "style", "molecules", "kept", "too large", "invalid", "cold (s)", "mol/s", "cached (s)"],
+                    rows)
 
 
 def bench_osra(smiles, workers) -> str:
     from imggen.datasets import molecules as M
     from imggen.eval.atoms import calibrate
-    rows = ["| style | size | drawn | recognised | exact match | sanitises | atom valence ok | bond ok | "
-            "bond-type agreement | OSRA failures | time (s) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = []
     for name in ("osra500", "mol256", "mol128", "demo"):
         s = M.STYLES[name]
         t = time.perf_counter()
         r = calibrate(smiles, s.height, s.width, style=s, workers=workers)
-        rows.append(f"| {name} | {s.height}x{s.width} | {r['drawn']}/{len(smiles)} | {r['recognised']:.2f} | "
-                    f"{r['exact_match']:.2f} | {r['sanitises']:.2f} | {r['atom_valence_ok']:.2f} | "
-                    f"{r['bond_ok']:.2f} | {r['bond_type_agreement']:.2f} | {r['failures'] + r['timeouts']} | "
-                    f"{time.perf_counter() - t:.0f} |")
-        print(rows[-1], flush=True)
-    return "\n".join(rows)
+        rows.append([name, f"{s.height}x{s.width}", f"{r['drawn']}/{len(smiles)}", f"{r['recognised']:.2f}",
+                     f"{r['exact_match']:.2f}", f"{r['sanitises']:.2f}", f"{r['atom_valence_ok']:.2f}",
+                     f"{r['bond_ok']:.2f}", f"{r['bond_type_agreement']:.2f}", r["failures"] + r["timeouts"],
+                     f"{time.perf_counter() - t:.0f}"])
+        print(md_row(rows[-1]), flush=True)
+    return md_table(["style", "size", "drawn", "recognised", "exact match", "sanitises", "atom valence ok", "bond ok",
+                     "bond-type agreement", "OSRA failures", "time (s)"], rows)
 
 
 def main(argv=None):

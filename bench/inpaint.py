@@ -13,9 +13,7 @@ unconditional | context | context mean | truth) under --out.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 
@@ -23,6 +21,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from harness import command_line, cpu_model, md_table, write_results  # noqa: E402
 
 from imggen.eval import psnr, ssim  # noqa: E402
 from imggen.eval.bpd import bootstrap_ci  # noqa: E402
@@ -113,15 +114,15 @@ def main(argv=None) -> int:
     rows = [voided, *fills.values(), images]
     grid = np.stack(rows, 1)[:8].reshape(-1, *images.shape[1:])
     save_grid(grid, os.path.join(args.out, "inpaint_grid.png"), nrow=len(rows), scale=image_scale(images.shape[-1]))
-    cmd = "python bench/inpaint.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
+    cmd = command_line("inpaint.py", argv)
+    machine = f"{cpu_model()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
     lines = [f"`{cmd}` ({time.strftime('%Y-%m-%d')}; {machine}; {torch.get_num_threads()} threads)", "",
              f"{len(images)} {args.split} images of {data.info.get('source', args.data)}, their own masks "
              f"({masks.mean():.1%} of pixels). Masked PSNR / SSIM with 95% bootstrap intervals over images.", "",
-             "| method | masked PSNR (dB) | masked SSIM | s / image |", "|---|---|---|---|"]
-    for name, r in methods.items():
-        lines.append(f"| {name} | {r['psnr']:.2f} ({r['psnr_ci'][0]:.2f}-{r['psnr_ci'][1]:.2f}) | {r['ssim']:.4f} "
-                     f"({r['ssim_ci'][0]:.4f}-{r['ssim_ci'][1]:.4f}) | {r['s_per_image']:.2f} |")
+             md_table(["method", "masked PSNR (dB)", "masked SSIM", "s / image"],
+                      [[name, f"{r['psnr']:.2f} ({r['psnr_ci'][0]:.2f}-{r['psnr_ci'][1]:.2f})",
+                        f"{r['ssim']:.4f} ({r['ssim_ci'][0]:.4f}-{r['ssim_ci'][1]:.4f})", f"{r['s_per_image']:.2f}"]
+                       for name, r in methods.items()])]
     ctx = methods[f"context, mean of {args.samples}"]
     lines += ["", "Paired per-image differences (context mean minus the other; 95% bootstrap interval; share of "
               "images where the context mean is better):", ""]
@@ -134,10 +135,8 @@ def main(argv=None) -> int:
     lines += ["", f"- unconditional model: {budget(unc_run)} ({unc_run.path})",
               f"- context model: {budget(ctx_run)} ({ctx_run.path})",
               "", "Grid (inpaint_grid.png), per image: voided | " + " | ".join(methods) + " | truth"]
-    with open(os.path.join(args.out, "inpaint.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    with open(os.path.join(args.out, "inpaint.json"), "w") as f:
-        json.dump({"command": cmd, "methods": methods, "n_images": len(images)}, f, indent=1)
+    write_results(args.out, "inpaint", {"command": cmd, "methods": methods, "n_images": len(images)},
+                  "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
