@@ -37,9 +37,7 @@ import datetime
 import json
 import math
 import os
-import platform
 import re
-import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -50,6 +48,9 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+from harness import cpu_model, git_commit, write_atomic  # noqa: E402
 
 from imggen.attention import BACKENDS  # noqa: E402
 from imggen.decode import make_caches  # noqa: E402
@@ -320,7 +321,7 @@ def run_study(args, on_progress=None) -> dict:
     os.makedirs(args.out, exist_ok=True)
     grids = os.path.join(args.out, "study_grids")
     os.makedirs(grids, exist_ok=True)
-    started = dict(commit=_git_commit(), date=f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
+    started = dict(commit=git_commit(), date=f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
                    threads=torch.get_num_threads())
     steps_from = None
     if args.steps_from:
@@ -364,8 +365,7 @@ def run_study(args, on_progress=None) -> dict:
     if args.ablations:
         rows += run_ablations(args, rows)
     if "time" in args.budgets and steps_from is None:
-        with open(steps_path(args.out), "w") as f:
-            json.dump(plan, f, indent=2)
+        write_atomic(steps_path(args.out), json.dumps(plan, indent=2))
     return dict(rows=rows, plan=plan, seconds=time.time() - t_start, **started)
 
 
@@ -400,25 +400,6 @@ def run_ablations(args, rows) -> list[dict]:
 
 
 # -------------------------------------------------------------------------------------- report
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "unknown"
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
-def _cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except Exception:  # noqa: BLE001
-        pass
-    return platform.processor() or "unknown"
-
-
 def _f(x, fmt):
     return "-" if x is None else format(x, fmt)
 
@@ -578,7 +559,7 @@ def write_report(args, res, argv) -> str:
         f"- command: `{cmd}`",
         f"- commit at start: `{res['commit']}` (plus any uncommitted edits in the working tree); started "
         f"{res['date']}; wall time {res['seconds'] / 60:.1f} min",
-        f"- machine: {_cpu_model()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
+        f"- machine: {cpu_model()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
         f"({res['threads']} threads), device {args.device}",
         f"- model: dim {args.dim}, {args.layers} layers, {args.heads} heads, {args.bits}-bit tokens "
         f"(bits/dim on {args.bits}-bit data), AdamW lr {args.lr}, warmup {args.warmup}, cosine, seed {args.seed}; "
@@ -604,12 +585,10 @@ def write_report(args, res, argv) -> str:
     if res["plan"]:
         lines += ["## Equal-time step counts", "", "```json", json.dumps(res["plan"], indent=1), "```", ""]
     text = "\n".join(lines)
-    with open(os.path.join(args.out, "study.md"), "w") as f:
-        f.write(text)
-    with open(raw_path(args.out), "w") as f:
-        json.dump(dict(rows=rows, plan=res["plan"], criterion_held=held, criterion=notes, command=cmd,
-                       seconds=res["seconds"], commit=res["commit"], date=res["date"], threads=res["threads"]), f,
-                  indent=1, default=str)
+    write_atomic(os.path.join(args.out, "study.md"), text)
+    write_atomic(raw_path(args.out), json.dumps(dict(rows=rows, plan=res["plan"], criterion_held=held, criterion=notes,
+                                                     command=cmd, seconds=res["seconds"], commit=res["commit"],
+                                                     date=res["date"], threads=res["threads"]), indent=1, default=str))
     return text
 
 
