@@ -62,7 +62,8 @@ from gpu_runner import HardStop, Runner, SkipUnit, Unit, stop_on_sigterm  # noqa
 from gpu_training import TrainingSmoke  # noqa: E402
 from gpu_targets import (CONVENTIONS, H200_HBM_GBPS, PARTS, RESERVE_S, SLOTS, Row, config,  # noqa: E402
                          evaluate_targets)
-from harness import Stopwatch, machine, out_dir, short_error, sync, time_call  # noqa: E402
+from harness import (Stopwatch, cuda_graph, first_call, machine, out_dir, short_error, sync,  # noqa: E402
+                     time_call)
 
 CLOCK = Stopwatch(T0)
 log = CLOCK.log
@@ -209,16 +210,10 @@ class Check(TrainingSmoke, Runner):
     def measure(self, fn, q, k, v, do, backward: bool = True) -> dict:
         """First-call and steady times of fn (forward, forward+backward), and its outputs."""
         m = {}
-        t = time.time()
-        o = fn(q, k, v)
-        sync(self.device)
-        m["first_fwd_s"] = time.time() - t
+        o, m["first_fwd_s"] = first_call(lambda: fn(q, k, v), self.device)
         outs = [o.detach(), None, None, None]
         if backward:
-            t = time.time()
-            grads = torch.autograd.grad(o, (q, k, v), do)
-            sync(self.device)
-            m["first_bwd_s"] = time.time() - t
+            grads, m["first_bwd_s"] = first_call(lambda o=o: torch.autograd.grad(o, (q, k, v), do), self.device)
             outs[1:] = [g_.detach() for g_ in grads]
             del grads
         del o
@@ -388,10 +383,7 @@ class Check(TrainingSmoke, Runner):
         kc, vc = (torch.randn(B, H, L, D, device=self.device, dtype=self.dtype, generator=g) for _ in range(2))
         q = torch.randn(B, H, D, device=self.device, dtype=self.dtype, generator=g)
         bias = torch.zeros(1, 1, L, device=self.device)
-        t = time.time()
-        out = kernels.decode_attention(q, kc, vc, bias)
-        sync(self.device)
-        rec["first_s"] = time.time() - t
+        out, rec["first_s"] = first_call(lambda: kernels.decode_attention(q, kc, vc, bias), self.device)
         half = bias.clone()
         half[..., L // 2:] = float("-inf")  # a ring that is half full
         nb = min(B, 2)
@@ -409,19 +401,7 @@ class Check(TrainingSmoke, Runner):
         rec["eager_us"] = time_call(lambda: kernels.decode_attention(q, kc, vc, bias), self.device) * 1e3
         if self.cuda and c["graph_calls"]:
             R = c["graph_calls"]
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(3):
-                    kernels.decode_attention(q, kc, vc, bias)
-            torch.cuda.current_stream().wait_stream(s)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(R):
-                    out = kernels.decode_attention(q, kc, vc, bias)
-            graph.replay()
-            torch.cuda.synchronize()
+            graph, out = cuda_graph(lambda: kernels.decode_attention(q, kc, vc, bias), R)
             ok_graph = ErrAcc()
             ok_graph.add(out[:nb], kernels.decode_attention_reference(q[:nb].float(), kc[:nb].float(),
                                                                       vc[:nb].float(), bias))

@@ -125,6 +125,36 @@ def time_call(fn, device, target_s: float = 0.6, warmup: int = 2, max_samples: i
     return statistics.median(times)
 
 
+def first_call(fn, device):
+    """(fn(), seconds) of one call, synchronised: a first call's compile, autotune or plan building."""
+    t = time.time()
+    out = fn()
+    sync(device)
+    return out, time.time() - t
+
+
+def cuda_graph(fn, calls: int, warmup: int = 3):
+    """A CUDA graph holding `calls` calls of fn() (after `warmup` calls on a side stream, as capture
+    needs), replayed once; returns (graph, the last call's output). Time it as
+    time_call(graph.replay, device) / calls: no launch overhead."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            out = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph, out
+
+
 class Stopwatch:
     """Seconds since `start` (default: now), and progress lines stamped with them."""
 

@@ -103,3 +103,46 @@ def test_machine_description():
         raise ValueError("first\nmiddle\nlast")
     except ValueError as e:
         assert harness.short_error(e) == "ValueError: first ... last"
+
+
+def test_first_call_returns_the_result_and_its_seconds():
+    import time
+
+    out, s = harness.first_call(lambda: (time.sleep(0.01), 42)[1], "cpu")
+    assert out == 42 and 0.009 <= s < 0.5
+
+
+def test_cuda_graph_capture_order_with_fakes(monkeypatch):
+    """cuda_graph's sequence without a GPU: warm-up calls on a side stream, `calls` calls captured,
+    one replay; the output is the last captured call's."""
+    import contextlib
+
+    import torch
+
+    trace = []
+
+    class FakeStream:
+        def wait_stream(self, other):
+            trace.append("wait")
+
+    class FakeGraph:
+        def replay(self):
+            trace.append("replay")
+
+    @contextlib.contextmanager
+    def ctx(name):
+        trace.append(f"<{name}")
+        yield
+        trace.append(f"{name}>")
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: ctx("side"))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: ctx("capture"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: trace.append("sync"))
+    n = iter(range(100))
+    graph, out = harness.cuda_graph(lambda: trace.append("call") or next(n), calls=4, warmup=2)
+    assert isinstance(graph, FakeGraph) and out == 5  # calls 0, 1 warm up; 2..5 captured
+    assert trace == ["wait", "<side", "call", "call", "side>", "wait", "sync",
+                     "<capture", "call", "call", "call", "call", "capture>", "replay", "sync"]
