@@ -13,6 +13,9 @@ Backends
   that (pattern kind, dtype, head dim), flex otherwise (one warning); cpu on CPU.
 `IMGGEN_BACKEND=triton|flex|cpu|reference` forces one backend everywhere (no self-check).
 Patterns with `head_groups` (strided) run each group of heads as its own pattern.
+
+Decoding reads one query against a cache: `decode_attention` (the Triton decode kernel on CUDA once
+its first-use check passes, else `decode_attention_reference`), called by imggen.decode's caches.
 """
 from __future__ import annotations
 
@@ -76,6 +79,28 @@ def reference_attention(q, k, v, pattern: Pattern) -> torch.Tensor:
     for _ in range(pattern.steps):
         z = (1 - pattern.alpha) * (a @ z) + pattern.alpha * v
     return z
+
+
+def attention_probs(q, k, bias=None) -> torch.Tensor:
+    """Softmax rows of queries q (B, H, M, D) over keys k (B, H, L, D) -> (B, H, M, L); bias
+    additive (0 or -inf), broadcastable to (B, H, M, L). Rows with nothing to read -> 0."""
+    s = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))
+    if bias is not None:
+        s.add_(bias.to(s.dtype))
+    return torch.softmax(s, dim=-1).nan_to_num_(0.0)
+
+
+def decode_probs(q, k, key_bias=None) -> torch.Tensor:
+    """Softmax row of one query per (batch, head): q (B, H, D), k (B, H, L, D) -> (B, H, 1, L);
+    key_bias additive (0 or -inf), broadcastable to (B, H, L)."""
+    return attention_probs(q.unsqueeze(2), k, None if key_bias is None else key_bias.unsqueeze(-2))
+
+
+def decode_attention_reference(q, k_cache, v_cache, key_bias=None) -> torch.Tensor:
+    """One query per (batch, head) against cache slots in any order: q (B, H, D), k_cache, v_cache
+    (B, H, L, D), key_bias None or additive float (B or 1, H or 1, L) -> (B, H, D). The reference
+    of imggen.kernels.decode_attention, imggen.native.attend and the PyTorch decode path."""
+    return torch.matmul(decode_probs(q, k_cache, key_bias), v_cache)[:, :, 0]
 
 
 # ------------------------------------------------------------------------------ backend choice
@@ -169,3 +194,53 @@ def within_floor(what: str, x, exact, floor, dtype) -> None:
     if not err <= 2 * noise + SELFCHECK_EPS.get(dtype, 1e-5):
         raise AssertionError(f"{what} differs from the reference by {err:.3g} (noise floor {noise:.3g})")
 
+
+# ------------------------------------------------------------------- one query against a cache
+_KERNEL = None
+_KERNEL_OK: dict[tuple, bool] = {}  # (dtype, head dim) -> the kernel passed its first-use check
+
+
+def decode_selfcheck(kernel, dtype, head_dim: int, device, length: int = 333) -> None:
+    """The decode kernel vs the float64 reference on random inputs (2 x 3 queries, `length` slots,
+    about a third masked); raises AssertionError naming the error (or whatever the kernel raises).
+    Tolerance as triton_selfcheck's: at most 2x the reference's own error in `dtype`, plus an eps."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, head_dim, generator=g).to(dtype)
+    k, v = (torch.randn(2, 3, length, head_dim, generator=g).to(dtype) for _ in range(2))
+    bias = torch.where(torch.rand(2, 3, length, generator=g) < 1 / 3, float("-inf"), 0.0)
+    bias[..., 0] = 0.0  # every query reads at least one slot
+    exact = decode_attention_reference(*(t.double() for t in (q, k, v, bias)))
+    dev = [t.to(device) for t in (q, k, v)] + [bias.to(device, dtype)]
+    within_floor("decode output", kernel(*dev).double().cpu(), exact,
+                 decode_attention_reference(*dev).double().cpu(), dtype)
+
+
+def _kernel_ok(kernel, q: torch.Tensor) -> bool:
+    """First use per (dtype, head dim): `decode_selfcheck`. A dtype or head dim the kernel does not
+    cover means the reference, silently; a failure or an error warns once."""
+    dtype, d = q.dtype, q.shape[-1]
+    return passes_once(_KERNEL_OK, (dtype, d), lambda: decode_selfcheck(kernel, dtype, d, q.device),
+                       lambda: f"the Triton decode kernel for {str(dtype).replace('torch.', '')}, head dim {d}",
+                       "sampling uses the PyTorch decode path for this configuration", quiet=(ShapeError,))
+
+
+def decode_attention(q, k, v, key_bias=None) -> torch.Tensor:
+    """The Triton decode kernel on CUDA (when it imports, covers the dtype / head dim, passed its
+    first-use check and IMGGEN_BACKEND does not name another backend), else the PyTorch reference."""
+    global _KERNEL
+    forced = forced_backend() if on_gpu(q) else "cpu"  # CPU: no environment read per step
+    if forced in (None, "triton"):
+        if _KERNEL is None:
+            try:
+                from imggen.kernels import decode_attention as kernel
+                _KERNEL = kernel
+            except (ImportError, AttributeError):
+                _KERNEL = False
+        if _KERNEL and (forced == "triton" or _kernel_ok(_KERNEL, q)):  # forced: no check, as for attention
+            bias = torch.zeros((1, 1, k.shape[2]), device=q.device, dtype=q.dtype) if key_bias is None \
+                else key_bias.reshape(1, -1, k.shape[2]).to(q.dtype)
+            try:
+                return _KERNEL(q, k, v, bias)
+            except ShapeError:  # a dtype / head dim the kernel does not cover
+                pass
+    return decode_attention_reference(q, k, v, key_bias)

@@ -28,187 +28,26 @@ Debug mode (`IMGGEN_CACHE_DEBUG=1` or `imggen.decode.DEBUG = True`) checks `last
 """
 from __future__ import annotations
 
-import functools
-import heapq
-import math
 import os
-from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from imggen import attention, native
-from imggen.attention import forced_backend, within_floor
+from imggen import native
+# one query against a cache: the reference and the Triton kernel's dispatch live with attention's
+from imggen.attention import (attention_probs, decode_attention, decode_attention_reference,  # noqa: F401
+                              decode_probs, decode_selfcheck)
 from imggen.blocked import additive_mask
-from imggen.errors import ConfigError, ShapeError
+from imggen.errors import ConfigError
 from imggen.patterns import Pattern
+from imggen.plans import (EXTEND_BYTES, MIN_PLAN_STEPS, PLAN_STEPS, ReadPlan, SlotPlan,  # noqa: F401 - see plans
+                          read_plan, slot_plan, true_last_reads)
 
 DEBUG = os.environ.get("IMGGEN_CACHE_DEBUG", "") not in ("", "0")
 CACHE_KINDS = ("evict", "full", "auto")  # make_caches: memory-bounded, keep everything, the default (evict)
 # an evicting cache whose layout (slots + slot plan + read plan) would take more bytes than keeping
 # every position uses the keep-all layout instead (tests turn this off to exercise eviction on tiny models)
 NEVER_LARGER = True
-
-
-# --------------------------------------------------------------------------------- attention
-def attention_probs(q, k, bias=None) -> torch.Tensor:
-    """Softmax rows of queries q (B, H, M, D) over keys k (B, H, L, D) -> (B, H, M, L); bias
-    additive (0 or -inf), broadcastable to (B, H, M, L). Rows with nothing to read -> 0."""
-    s = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))
-    if bias is not None:
-        s.add_(bias.to(s.dtype))
-    return torch.softmax(s, dim=-1).nan_to_num_(0.0)
-
-
-def decode_probs(q, k, key_bias=None) -> torch.Tensor:
-    """Softmax row of one query per (batch, head): q (B, H, D), k (B, H, L, D) -> (B, H, 1, L);
-    key_bias additive (0 or -inf), broadcastable to (B, H, L)."""
-    return attention_probs(q.unsqueeze(2), k, None if key_bias is None else key_bias.unsqueeze(-2))
-
-
-def decode_attention_reference(q, k_cache, v_cache, key_bias=None) -> torch.Tensor:
-    """One query per (batch, head) against cache slots in any order: q (B, H, D), k_cache, v_cache
-    (B, H, L, D), key_bias None or additive float (B or 1, H or 1, L) -> (B, H, D). The reference
-    of imggen.kernels.decode_attention and the PyTorch decode path."""
-    return torch.matmul(decode_probs(q, k_cache, key_bias), v_cache)[:, :, 0]
-
-
-_KERNEL = None
-_KERNEL_OK: dict[tuple, bool] = {}  # (dtype, head dim) -> the kernel passed its first-use check
-
-
-def decode_selfcheck(kernel, dtype, head_dim: int, device, length: int = 333) -> None:
-    """The decode kernel vs the float64 reference on random inputs (2 x 3 queries, `length` slots,
-    about a third masked); raises AssertionError naming the error (or whatever the kernel raises).
-    Tolerance as triton_selfcheck's: at most 2x the reference's own error in `dtype`, plus an eps."""
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 3, head_dim, generator=g).to(dtype)
-    k, v = (torch.randn(2, 3, length, head_dim, generator=g).to(dtype) for _ in range(2))
-    bias = torch.where(torch.rand(2, 3, length, generator=g) < 1 / 3, float("-inf"), 0.0)
-    bias[..., 0] = 0.0  # every query reads at least one slot
-    exact = decode_attention_reference(*(t.double() for t in (q, k, v, bias)))
-    dev = [t.to(device) for t in (q, k, v)] + [bias.to(device, dtype)]
-    within_floor("decode output", kernel(*dev).double().cpu(), exact,
-                 decode_attention_reference(*dev).double().cpu(), dtype)
-
-
-def _kernel_ok(kernel, q: torch.Tensor) -> bool:
-    """First use per (dtype, head dim): `decode_selfcheck`. A dtype or head dim the kernel does not
-    cover means the reference, silently; a failure or an error warns once."""
-    dtype, d = q.dtype, q.shape[-1]
-    return attention.passes_once(_KERNEL_OK, (dtype, d), lambda: decode_selfcheck(kernel, dtype, d, q.device),
-                                 lambda: f"the Triton decode kernel for {str(dtype).replace('torch.', '')}, head dim {d}",
-                                 "sampling uses the PyTorch decode path for this configuration", quiet=(ShapeError,))
-
-
-def decode_attention(q, k, v, key_bias=None) -> torch.Tensor:
-    """The Triton decode kernel on CUDA (when it imports, covers the dtype / head dim, passed its
-    first-use check and IMGGEN_BACKEND does not name another backend), else the PyTorch reference."""
-    global _KERNEL
-    forced = forced_backend() if attention.on_gpu(q) else "cpu"  # CPU: no environment read per step
-    if forced in (None, "triton"):
-        if _KERNEL is None:
-            try:
-                from imggen.kernels import decode_attention as kernel
-                _KERNEL = kernel
-            except (ImportError, AttributeError):
-                _KERNEL = False
-        if _KERNEL and (forced == "triton" or _kernel_ok(_KERNEL, q)):  # forced: no check, as for attention
-            bias = torch.zeros((1, 1, k.shape[2]), device=q.device, dtype=q.dtype) if key_bias is None \
-                else key_bias.reshape(1, -1, k.shape[2]).to(q.dtype)
-            try:
-                return _KERNEL(q, k, v, bias)
-            except ShapeError:  # a dtype / head dim the kernel does not cover
-                pass
-    return decode_attention_reference(q, k, v, key_bias)
-
-
-# ------------------------------------------------------------------------------- slot plans
-@dataclass(frozen=True)
-class SlotPlan:
-    capacity: int
-    slots: np.ndarray  # (n,) slot of each position
-    hi: np.ndarray     # (n,) slots [0, hi[t]) may hold something at step t
-    last: np.ndarray   # (n,) last_reads of the pattern
-
-
-@functools.lru_cache(maxsize=64)
-def slot_plan(pattern: Pattern, n: int, heads: int, policy: str) -> SlotPlan:
-    last = pattern.last_reads(n, heads)
-    t = np.arange(n, dtype=np.int64)
-    if policy == "all":
-        return SlotPlan(n, t, t + 1, last)
-    if policy == "ring":
-        cap = int((last - t).max()) + 1
-        return SlotPlan(cap, t % cap, np.minimum(t + 1, cap), last)
-    if policy != "interval":
-        raise ConfigError(f"slot_policy={policy!r}: unknown decode slot policy; choose one of all, ring, interval")
-    # position t takes a slot freed by some j with last[j] < t (FIFO: a pure window becomes a ring)
-    slots, hi = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    live: list[tuple[int, int]] = []
-    free: deque[int] = deque()
-    used = 0
-    for i in range(n):
-        while live and live[0][0] < i:
-            free.append(heapq.heappop(live)[1])
-        if free:
-            s = free.popleft()
-        else:
-            s, used = used, used + 1
-        slots[i], hi[i] = s, used
-        heapq.heappush(live, (int(last[i]), s))
-    return SlotPlan(used, slots, hi, last)
-
-
-def true_last_reads(pattern: Pattern, n: int, heads: int) -> np.ndarray:
-    """`last_reads` from the definition (`pattern.mask`); O(n^2), for tests and debug mode."""
-    m = pattern.masks(n, heads).any(0)
-    rows = torch.arange(n)[:, None].expand(n, n)
-    return rows.masked_fill(~m, -1).max(0).values.numpy().astype(np.int64)
-
-
-@dataclass(frozen=True)
-class ReadPlan:
-    """What queries t0 <= t < t1 read: `index` (t1-t0, HL, K) slots (the readable held positions,
-    padded with slot 0 under a -inf bias) or None = every slot [0, capacity); `bias`
-    (t1-t0, HL, K or capacity) additive 0 / -inf."""
-    t0: int
-    t1: int
-    index: torch.Tensor | None
-    bias: torch.Tensor
-
-    def nbytes(self) -> int:
-        return sum(x.numel() * x.element_size() for x in (self.index, self.bias) if x is not None)
-
-    def to(self, device, dtype) -> "ReadPlan":
-        return ReadPlan(self.t0, self.t1, None if self.index is None else self.index.to(device),
-                        self.bias.to(device, dtype))
-
-
-GATHER_FRACTION = 0.5   # gather the readable slots when they are at most this part of the cache
-PLAN_STEPS = 1024       # steps per read plan at most: its memory is bounded, whatever the image size
-MIN_PLAN_STEPS = 16     # ... and at least (unless PLAN_STEPS is smaller)
-EXTEND_BYTES = 8 << 20  # attention scores of one Cache.extend part at most
-
-
-def read_plan(pattern: Pattern, n: int, heads: int, plan: SlotPlan, t0: int, t1: int, tables) -> ReadPlan:
-    """The exact read sets of steps [t0, t1), from the positions each slot holds after step t."""
-    cap, hl = plan.capacity, pattern.head_count(heads)
-    held = np.full(cap, -1, dtype=np.int64)  # the newest position < t0 in each slot
-    np.maximum.at(held, plan.slots[:t0], np.arange(t0))
-    t = torch.arange(t0, t1)
-    pos = torch.full((len(t), cap), -1, dtype=torch.long)
-    pos[t - t0, torch.from_numpy(plan.slots[t0:t1])] = t
-    pos = torch.cummax(torch.cat([torch.from_numpy(held)[None], pos]), 0).values[1:]
-    h = torch.arange(hl)[None, :, None]
-    ok = pattern.allowed(t[:, None, None], pos[:, None, :], h, tables) & (pos >= 0)[:, None, :]  # (T, HL, cap)
-    k = int(ok.sum(-1).max())
-    if k > GATHER_FRACTION * cap:
-        return ReadPlan(t0, t1, None, additive_mask(ok))
-    order = torch.sort((~ok).to(torch.int8), dim=-1, stable=True).indices[..., :k]  # readable slots first
-    sel = torch.gather(ok, -1, order)
-    return ReadPlan(t0, t1, order.masked_fill(~sel, 0), additive_mask(sel))
 
 
 # ------------------------------------------------------------------------------------ caches

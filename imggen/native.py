@@ -120,6 +120,21 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def pack(weight: torch.Tensor, bias: torch.Tensor | None, width: int = PANEL):
+    """(panels (P, in, width), bias (P, 1, width) or None): W^T (weight (out, in)) cut into column
+    panels of `width` columns, zero-padded: the layout `linear` and native.c read."""
+    out, inp = weight.shape
+    p = -(-out // width)
+    panels = weight.new_zeros(p * width, inp)
+    panels[:out] = weight
+    panels = panels.view(p, width, inp).transpose(1, 2).contiguous()
+    if bias is not None:
+        padded = weight.new_zeros(p * width)
+        padded[:out] = bias
+        bias = padded.view(p, 1, width)
+    return panels, bias
+
+
 def linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int,
            ln: torch.nn.LayerNorm | None = None, act: bool = False, add: torch.Tensor | None = None) -> torch.Tensor:
     """[add +] act(ln(x) @ W^T + bias) for x (M, in) float32, W^T as imggen.panels' panels (P, in, 16)
@@ -292,8 +307,7 @@ def draw(logits: torch.Tensor, u: torch.Tensor, temperature: float, tokens: torc
 
 def selfcheck() -> None:
     """The kernels against float64 PyTorch on random inputs (awkward sizes); AssertionError if off."""
-    from imggen.decode import decode_attention_reference
-    from imggen.panels import _pack
+    from imggen.attention import decode_attention_reference
 
     g = torch.Generator().manual_seed(0)
     for m, inp, out in ((3, 40, 37), (21, 24, 16)):
@@ -301,7 +315,7 @@ def selfcheck() -> None:
         with torch.no_grad():
             layer.weight.copy_(torch.randn(out, inp, generator=g))
         x = torch.randn(m, inp, generator=g)
-        panels, bias = _pack(layer)
+        panels, bias = pack(layer.weight.detach(), layer.bias.detach())
         got = linear(x, panels, bias, out).double()
         want = torch.nn.functional.linear(x.double(), layer.weight.double(), layer.bias.double())
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), f"native linear off by {(got - want).abs().max():.3g}"

@@ -33,18 +33,7 @@ MIN_BYTES = 6 << 20
 
 def _pack(layer: nn.Linear):
     """(panels (P, in, PANEL), bias (P, 1, PANEL) or None): W^T in column panels, zero-padded."""
-    w = layer.weight.detach()
-    out, inp = w.shape
-    p = -(-out // PANEL)
-    panels = w.new_zeros(p * PANEL, inp)
-    panels[:out] = w
-    panels = panels.view(p, PANEL, inp).transpose(1, 2).contiguous()
-    bias = None
-    if layer.bias is not None:
-        bias = w.new_zeros(p * PANEL)
-        bias[:out] = layer.bias.detach()
-        bias = bias.view(p, 1, PANEL)
-    return panels, bias
+    return native.pack(layer.weight.detach(), None if layer.bias is None else layer.bias.detach(), PANEL)
 
 
 def panel_linear(layer: nn.Linear, x: torch.Tensor, store: dict, ln: nn.LayerNorm | None = None,

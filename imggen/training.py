@@ -4,18 +4,17 @@ Reads top to bottom: `setup` (config, data, model, optimizer, `--resume`) -> `tr
 AdamW step: bf16 autocast on CUDA, clipping, a clear error on a non-finite loss) -> `periodic`
 (log, validation bits/dim, sample grids, atomic checkpoints) -> `finish` (test bits/dim, final
 grid). `--resume` restores weights, optimizer, RNG state and the data position exactly; SIGINT /
-SIGTERM finish the current step, save a checkpoint and exit with code 130.
+SIGTERM finish the current step, save a checkpoint and exit with code 130. The data and the order
+of the batches are imggen.batches'; the log rows, the stop signal and the sample grids imggen.runlog's.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import signal
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
@@ -24,11 +23,11 @@ from imggen import checkpoint as ck
 from imggen.config import Config
 from imggen.errors import CheckpointError, ConfigError, Interrupted, TrainingError
 from imggen.model import ImageTransformer
-from imggen.tasks import eval_masks, inpaint_inputs, token_mask, training_masks
-from imggen.tokens import tokenize
+from imggen.batches import batch_indices, ddp_mask_norm, load_data, unigram_bpd
+from imggen.runlog import Logger, StopSignal, final_grid, final_metrics, sample_grid
+from imggen.tasks import eval_masks, inpaint_inputs, training_masks
 
 LN2 = math.log(2.0)
-GRID_MIN_S = 5.0  # the end-of-run grid may always take this long
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -40,62 +39,9 @@ def lr_at(step: int, cfg) -> float:
     return t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def batch_indices(step: int, batch: int, n: int, seed: int) -> torch.Tensor:
-    """Indices of the global batch at `step`: a stream of per-epoch permutations seeded by (seed, epoch)."""
-    start, out = step * batch, []
-    while len(out) < batch:
-        epoch, off = divmod(start + len(out), n)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100003 + epoch))
-        out.extend(perm[off: off + batch - len(out)].tolist())
-    return torch.tensor(out)
-
-
-def unigram_bpd(tokens: torch.Tensor, vocab: int) -> float:
-    """Entropy (bits per subpixel) of the marginal distribution of token values."""
-    counts = torch.bincount(tokens.reshape(-1).long(), minlength=vocab).double()
-    p = counts[counts > 0] / counts.sum()
-    return float(-(p * p.log2()).sum())
-
-
 def autocast(device):
     dev = torch.device(device)
     return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
-
-
-class Logger:
-    """log.jsonl rows and TensorBoard scalars; rows and events after `step` (the resumed step, 0
-    for a fresh start) are dropped, so a resumed or overwritten run has no duplicate steps."""
-
-    def __init__(self, out: str, enabled: bool, step: int = 0):
-        self.enabled, self.path, self.tb = enabled, os.path.join(out, "log.jsonl"), None
-        if not enabled:
-            return
-        if os.path.exists(self.path):  # a fresh start (step 0) keeps nothing of an earlier run
-            with open(self.path) as f:
-                keep = [line for line in f if line.strip() and _row_step(line) <= step]
-            ck._atomic_write_text(self.path, "".join(keep))
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-            self.tb = SummaryWriter(os.path.join(out, "tb"), purge_step=step)
-        except Exception:  # tensorboard is optional at run time
-            self.tb = None
-
-    def log(self, step: int, **scalars):
-        if not self.enabled:
-            return
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"step": step, **scalars}) + "\n")
-        if self.tb is not None:
-            for k, v in scalars.items():
-                self.tb.add_scalar(k, v, step)
-            self.tb.flush()
-
-
-def _row_step(line: str) -> float:
-    try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError, TypeError):
-        return math.inf  # a line cut by a killed run
 
 
 def build_model_and_optimizer(cfg: Config, device):
@@ -145,53 +91,6 @@ def train_step(model, opt, x: torch.Tensor, step: int, cfg: Config, device, loss
         raise TrainingError(f"the gradient norm became {norm} at step {step}")
     opt.step()
     return value / LN2
-
-
-def load_data(cfg: Config, progress: bool = True):
-    from imggen.datasets import load_dataset
-
-    m = cfg.model
-    data = load_dataset(cfg.data.spec, height=m.height, width=m.width, channels=m.channels,
-                        seed=cfg.train.seed, skip_bad=cfg.data.skip_bad, progress=progress)
-    splits = {}
-    for name in ("train", "val", "test"):
-        imgs = data.split(name)
-        masks = data.masks.get(name)
-        if cfg.data.limit:
-            imgs, masks = imgs[: cfg.data.limit], None if masks is None else masks[: cfg.data.limit]
-        if len(imgs) == 0:
-            raise ConfigError(f"the {name} split of --data {cfg.data.spec} is empty; use more data")
-        splits[name] = tokenize(imgs, m.bits, shape=m.shape).to(torch.uint8)
-        if masks is not None:
-            splits[name + "_masks"] = np.asarray(masks).reshape(len(imgs), m.height, m.width).astype(bool)
-    return splits, data
-
-
-class StopSignal:
-    """SIGINT / SIGTERM set a flag; the loop saves and stops after the current step. A second
-    signal gets the default behaviour (the checkpoint write is atomic either way)."""
-
-    def __init__(self):
-        self.requested, self._old = False, {}
-
-    def _handle(self, signum, frame):
-        self.requested = True
-        signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
-
-    def __enter__(self):
-        if threading_main():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-
-def threading_main() -> bool:
-    import threading
-    return threading.current_thread() is threading.main_thread()
 
 
 # -------------------------------------------------------------------------------------- train
@@ -249,14 +148,16 @@ def setup(cfg: Config, out: str, resume: bool, overwrite: bool, device: str | No
     if found and not (resume or overwrite):
         raise CheckpointError(f"{out} already holds a checkpoint; pass --resume to continue it or "
                               f"--overwrite to start again (or choose another --out)")
-    model, opt = build_model_and_optimizer(cfg, device)
-    run = Run(cfg, out, device, rank, world, model, opt, {})
     if resume:
         saved = ck.read_config(found)
         diff = ck.config_diff(saved, cfg) + ck.config_diff(saved, cfg, "data")
         if diff:
             raise CheckpointError(f"cannot resume {out}: its config differs from the requested one:\n  "
                                   + "\n  ".join(diff))
+        ck.check_fits(found, cfg)  # the weights file bounds the model a run folder can make us build
+    model, opt = build_model_and_optimizer(cfg, device)
+    run = Run(cfg, out, device, rank, world, model, opt, {})
+    if resume:
         ck.load_weights(model, found, cfg)
         state = ck.load_state(found, device)
         opt.load_state_dict(state["optimizer"])
@@ -265,7 +166,7 @@ def setup(cfg: Config, out: str, resume: bool, overwrite: bool, device: str | No
         if cfg.train.steps < run.step:
             raise ConfigError(f"--resume: {out} is already at step {run.step}, past --steps {cfg.train.steps}; "
                               f"pass --steps above {run.step} to train further")
-        if cfg.train.steps == run.step and (done := _final_metrics(out, run.step)):
+        if cfg.train.steps == run.step and (done := final_metrics(out, run.step)):
             run.metrics, run.complete = done, True  # nothing to train or to record again
             return run
         if run.main:
@@ -295,16 +196,6 @@ def periodic(run: Run, logger: Logger, rate: dict) -> None:
         sample_grid(run, t.sample_num)
     if step % t.ckpt_every == 0 or step == t.steps:
         save(run)
-
-
-def _final_metrics(out: str, step: int) -> dict | None:
-    """The metrics of run `out` when it finished at `step` (its metrics.json, written by `finish`, says so)."""
-    try:
-        with open(os.path.join(out, "metrics.json")) as f:
-            metrics = json.load(f)
-        return metrics if metrics.get("steps") == step else None
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def save(run: Run) -> None:
@@ -392,12 +283,6 @@ def _stopped(run: Run) -> str:
     return f"training stopped before a good checkpoint was saved{removed}. {fix} and start again (--overwrite)"
 
 
-def ddp_mask_norm(masks, channels: int, world: int) -> float:
-    """train_step's divisor for this step under DDP: the token loss mask count of the global batch's
-    pixel masks (B, H, W), over the number of processes (DDP averages their gradients)."""
-    return float(token_mask(torch.as_tensor(masks).bool(), channels).sum()) / world
-
-
 def next_batch(run: Run):
     """This process's part of the step's global batch: tokens, and for inpainting the context, the
     token loss mask and the loss divisor (masks drawn for the global batch, so DDP sees what one
@@ -444,46 +329,3 @@ def finish(run: Run, logger: Logger, train_s: float) -> dict:
     return run.metrics
 
 
-def final_grid(run: Run, train_s: float) -> str:
-    """The end-of-run grid: `sample_num` images, or as many as fit in `grid_time_frac` of the
-    training time (at least GRID_MIN_S; estimated from a few decode steps); none when it is 0."""
-    from imggen.sampling import decode_seconds_per_step
-
-    t = run.cfg.train
-    if t.grid_time_frac <= 0:
-        return "(none: train.grid_time_frac is 0)"
-    budget, num = max(GRID_MIN_S, t.grid_time_frac * train_s), t.sample_num
-    while num >= 1:
-        cost = decode_seconds_per_step(run.model, num) * run.cfg.model.seq_len
-        if cost <= budget:
-            return sample_grid(run, num)
-        num = num // 2
-    return (f"(none: one image would take about {cost:.0f} s, over {budget:.0f} s = {t.grid_time_frac:.0%} of "
-            f"the training time; sample.py draws them)")
-
-
-def sample_grid(run: Run, num: int) -> str:
-    """`num` samples (inpainting: test images | voided | filled, a row each) -> samples.png."""
-    from imggen.eval.runners import triplets
-    from imggen.images import image_scale, save_grid
-    from imggen.sampling import detokenize, inpaint_images, sample
-    from imggen.tokens import detokenize_tokens
-
-    cfg, model = run.cfg, run.model
-    model.eval()
-    if cfg.train.task == "inpaint":
-        m = cfg.model
-        test = run.splits["test"][:num]
-        masks = eval_masks(cfg.train.seed, "test", len(test), run.splits.get("test_masks"), m.height, m.width)
-        images = detokenize_tokens(test.long(), m.bits, m.shape)
-        filled, _ = inpaint_images(model, images, torch.from_numpy(masks), seed=cfg.train.seed,
-                                  progress=run.progress)
-        imgs, nrow = triplets(images.numpy(), masks[:, None], filled[:, 0].numpy()), 3
-    else:
-        imgs, nrow = detokenize(model, sample(model, num, seed=cfg.train.seed, progress=run.progress)).numpy(), None
-    model.train()
-    path = os.path.join(run.out, "samples", f"step_{run.step:07d}.png")
-    scale = image_scale(cfg.model.width)
-    save_grid(imgs, path, nrow=nrow, scale=scale)
-    save_grid(imgs, os.path.join(run.out, "samples.png"), nrow=nrow, scale=scale)
-    return path

@@ -26,7 +26,7 @@ COMBINE_CHUNK = 16  # splits merged per step of the combine kernel
 def decode_attention_reference(q, k_cache, v_cache, key_bias):
     """PyTorch reference of decode_attention (same signature; any device and dtype): the
     function imggen's PyTorch decode path runs, computed in float32."""
-    from imggen.decode import decode_attention_reference as ref
+    from imggen.attention import decode_attention_reference as ref
 
     _check(q, k_cache, v_cache, key_bias, need_kernel=False)
     return ref(q.float(), k_cache.float(), v_cache.float(), key_bias.float()).to(q.dtype)

@@ -136,7 +136,7 @@ def test_decode_kernel_that_fails_its_check_is_not_used(monkeypatch, how):
     warning, then the PyTorch decode path (the same answer), never a crash."""
     from imggen import decode as Dm
     monkeypatch.setattr(A, "on_gpu", lambda q: True)  # pretend: a CUDA tensor
-    monkeypatch.setattr(Dm, "_KERNEL_OK", {})
+    monkeypatch.setattr(A, "_KERNEL_OK", {})
     calls = []
 
     def kernel(q, k, v, bias):
@@ -145,7 +145,7 @@ def test_decode_kernel_that_fails_its_check_is_not_used(monkeypatch, how):
             raise RuntimeError("out of resources: shared memory")
         return Dm.decode_attention_reference(q, k, v, bias) * 1.01
 
-    monkeypatch.setattr(Dm, "_KERNEL", kernel)
+    monkeypatch.setattr(A, "_KERNEL", kernel)
     q, k, v, bias = _decode_inputs()
     with pytest.warns(RuntimeWarning, match="decode kernel for float32, head dim 32 failed the self-check") as rec:
         a = Dm.decode_attention(q, k, v, bias)
@@ -162,14 +162,14 @@ def test_decode_kernel_that_passes_its_check_is_used(monkeypatch):
     from imggen import decode as Dm
     from imggen import kernels
     monkeypatch.setattr(A, "on_gpu", lambda q: True)
-    monkeypatch.setattr(Dm, "_KERNEL_OK", {})
+    monkeypatch.setattr(A, "_KERNEL_OK", {})
     calls = []
 
     def kernel(*a):
         calls.append(a[1].shape[2])
         return kernels.decode_attention(*a)
 
-    monkeypatch.setattr(Dm, "_KERNEL", kernel)
+    monkeypatch.setattr(A, "_KERNEL", kernel)
     q, k, v, bias = _decode_inputs()
     got = Dm.decode_attention(q, k, v, bias)
     assert calls == [333, 40]  # the self-check, then the call itself

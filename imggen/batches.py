@@ -1,0 +1,54 @@
+"""Training data: the splits as token tensors, the order the batches take and their inpainting
+loss divisor. The order depends on (seed, step) only, so `--resume` continues the same stream."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from imggen.config import Config
+from imggen.errors import ConfigError
+from imggen.tasks import token_mask
+from imggen.tokens import tokenize
+
+
+def load_data(cfg: Config, progress: bool = True):
+    from imggen.datasets import load_dataset
+
+    m = cfg.model
+    data = load_dataset(cfg.data.spec, height=m.height, width=m.width, channels=m.channels,
+                        seed=cfg.train.seed, skip_bad=cfg.data.skip_bad, progress=progress)
+    splits = {}
+    for name in ("train", "val", "test"):
+        imgs = data.split(name)
+        masks = data.masks.get(name)
+        if cfg.data.limit:
+            imgs, masks = imgs[: cfg.data.limit], None if masks is None else masks[: cfg.data.limit]
+        if len(imgs) == 0:
+            raise ConfigError(f"the {name} split of --data {cfg.data.spec} is empty; use more data")
+        splits[name] = tokenize(imgs, m.bits, shape=m.shape).to(torch.uint8)
+        if masks is not None:
+            splits[name + "_masks"] = np.asarray(masks).reshape(len(imgs), m.height, m.width).astype(bool)
+    return splits, data
+
+
+def batch_indices(step: int, batch: int, n: int, seed: int) -> torch.Tensor:
+    """Indices of the global batch at `step`: a stream of per-epoch permutations seeded by (seed, epoch)."""
+    start, out = step * batch, []
+    while len(out) < batch:
+        epoch, off = divmod(start + len(out), n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100003 + epoch))
+        out.extend(perm[off: off + batch - len(out)].tolist())
+    return torch.tensor(out)
+
+
+def unigram_bpd(tokens: torch.Tensor, vocab: int) -> float:
+    """Entropy (bits per subpixel) of the marginal distribution of token values."""
+    counts = torch.bincount(tokens.reshape(-1).long(), minlength=vocab).double()
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * p.log2()).sum())
+
+
+def ddp_mask_norm(masks, channels: int, world: int) -> float:
+    """train_step's divisor for this step under DDP: the token loss mask count of the global batch's
+    pixel masks (B, H, W), over the number of processes (DDP averages their gradients)."""
+    return float(token_mask(torch.as_tensor(masks).bool(), channels).sum()) / world
