@@ -125,14 +125,22 @@ def read_volume(file: Path) -> np.ndarray:
     return np.nan_to_num(data, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def normalise_volume(vol: np.ndarray, file="volume") -> np.ndarray:
-    """Robust per-volume scaling: clip to the 0.5/99.5 percentiles of brain voxels (> 0) -> [0, 255]."""
+def intensity_range(vol: np.ndarray, file="volume") -> tuple[float, float]:
+    """(lo, hi) of `normalise_volume`: the 0.5/99.5 percentiles of the brain voxels (> 0); a
+    (nearly) constant brain gives (0, its intensity), so the brain maps to 255 and background to 0.
+    `lo + x / 255 * (hi - lo)` maps a normalised value x back to the volume's intensities."""
     brain = vol > 0
     if brain.sum() < 10:
         raise DataError(f"{file}: volume has no brain voxels (all values <= 0)")
     lo, hi = np.percentile(vol[brain], [0.5, 99.5])
-    if hi <= lo:  # (nearly) constant brain intensity: map brain to 255, background to 0
+    if hi <= lo:
         lo, hi = 0.0, max(hi, 1e-6)
+    return lo, hi  # numpy float64: the scaling runs in float64 as before
+
+
+def normalise_volume(vol: np.ndarray, file="volume") -> np.ndarray:
+    """Robust per-volume scaling: clip to the 0.5/99.5 percentiles of brain voxels (> 0) -> [0, 255]."""
+    lo, hi = intensity_range(vol, file)
     return np.clip((vol - lo) / (hi - lo), 0.0, 1.0) * 255.0
 
 
