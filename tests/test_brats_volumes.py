@@ -217,3 +217,28 @@ def test_ras_round_trip_of_a_non_canonical_volume(tmp_path):
     ras = v.to_ras(v.values)
     assert np.array_equal(ras, np.asarray(nib.as_closest_canonical(nib.load(str(tmp_path / "v.nii.gz"))).dataobj))
     assert np.array_equal(v.from_ras(ras), v.values)
+
+
+def test_two_commands_from_case_folders_to_scores(tmp_path, capsys):
+    """README's BraTS section: sample.py --brats on training-layout folders, then eval brats."""
+    from imggen.eval.__main__ import main as eval_main
+
+    rng = np.random.default_rng(4)
+    cases = tmp_path / "cases"
+    for name in ("BraTS-GLI-00010-000", "BraTS-GLI-00011-000"):
+        t1, m = brain(rng), hole()
+        healthy = m.copy()
+        healthy[8:14, 4:8, 6:8] = False
+        d = make_case(cases, name, rng, vol=t1, mask=m)
+        save(d / f"{name}-t1n.nii.gz", t1)
+        save(d / f"{name}-mask-healthy.nii.gz", healthy, np.uint8)
+        save(d / f"{name}-mask-unhealthy.nii.gz", m & ~healthy, np.uint8)
+    out = tmp_path / "pred"
+    rc, _, err = run_cli(capsys, "--checkpoint", random_run(tmp_path), "--brats", cases, "--out", out,
+                         "--no-progress", "--device", "cpu")
+    assert rc == 0, err
+    assert eval_main(["brats", "--pred", str(out), "--data", str(cases)]) == 0
+    text = capsys.readouterr().out
+    assert "mean over 2 case(s)" in text
+    rows = (out / "brats_scores.csv").read_text().strip().splitlines()
+    assert len(rows) == 3 and rows[1].startswith("BraTS-GLI-00010-000,")
