@@ -142,6 +142,9 @@ def read_case(case: Path) -> tuple[Volume, np.ndarray]:
     if mask_vol.raw.shape != vol.raw.shape:
         raise DataError(f"{case}: {mask_file.name} is {mask_vol.raw.shape} but {src.name} is {vol.raw.shape}; the "
                         f"mask must be on the image's voxel grid (re-export the case)")
+    if not np.allclose(mask_vol.img.affine, vol.img.affine, atol=1e-2):
+        raise DataError(f"{case}: {mask_file.name} and {src.name} have different affines (voxel-to-world maps); "
+                        f"the mask must be on the image's voxel grid (re-export the case)")
     mask = mask_vol.values > 0
     if not voided:
         vol.raw = np.where(mask, vol.to_raw(np.zeros(1)), vol.raw)

@@ -146,6 +146,8 @@ def test_bad_cases_are_one_line_each_and_the_others_go_on(tmp_path, capsys):
     bad = make_case(cases, "c-shapes", rng)
     save(bad / "c-shapes-mask.nii.gz", np.ones((10, 10, 10)), np.uint8)
     make_case(cases, "d-good", rng)
+    flipped = make_case(cases, "dd-affine", rng)  # a mask of the right shape in another orientation
+    save(flipped / "dd-affine-mask.nii.gz", hole(), np.uint8, affine=np.diag([1.0, 1.0, 1.0, 1.0]))
     (cases / "e-corrupt").mkdir()
     (cases / "e-corrupt" / "e-corrupt-t1n-voided.nii.gz").write_bytes(b"not a nifti file")
     save(cases / "e-corrupt" / "e-corrupt-mask.nii.gz", hole(), np.uint8)
@@ -154,13 +156,14 @@ def test_bad_cases_are_one_line_each_and_the_others_go_on(tmp_path, capsys):
                               "--no-progress", "--device", "cpu")
     assert rc == 1
     lines = err.strip().splitlines()
-    assert len(lines) == 3, err
+    assert len(lines) == 4, err
     assert "b-nomask" in lines[0] and "-mask.nii.gz" in lines[0]
     assert "c-shapes-mask.nii.gz" in lines[1] and "c-shapes-t1n-voided.nii.gz" in lines[1]
     assert "(10, 10, 10)" in lines[1]
-    assert "e-corrupt-t1n-voided.nii.gz" in lines[2]
+    assert "dd-affine-mask.nii.gz" in lines[2] and "affines" in lines[2]
+    assert "e-corrupt-t1n-voided.nii.gz" in lines[3]
     assert sorted(p.name for p in out.iterdir()) == ["a-good-t1n-inference.nii.gz", "d-good-t1n-inference.nii.gz"]
-    assert "2 of 5 case(s) written" in stdout and "3 failed" in stdout
+    assert "2 of 6 case(s) written" in stdout and "4 failed" in stdout
 
 
 @pytest.mark.parametrize("k", [1, 3])
