@@ -324,7 +324,8 @@ def honest_split(patient: np.ndarray, z: np.ndarray, seed: int, gap: int = DEMO_
     closer than `gap` slices to a val or test slice dropped, so evaluation slices lie >= gap mm from
     every training slice of the template (its neighbours are near copies of it)."""
     patients = np.unique(patient)
-    out = {s: np.flatnonzero(np.isin(patient, patients[pidx])) for s, pidx in split_indices(len(patients), seed).items()}
+    out = {s: np.flatnonzero(np.isin(patient, patients[pidx]))
+           for s, pidx in split_indices(len(patients), seed).items()}
     held = z[np.concatenate([out["val"], out["test"]])]
     if len(held):
         far = np.abs(z[out["train"]][:, None] - held[None]).min(1) >= gap
