@@ -27,7 +27,7 @@ class DataWarning(UserWarning):
 ADAPTERS = {
     "molecules": ("imggen.datasets.molecules", False),  # no path: the shipped MOSES sample
     "brats": ("imggen.datasets.brats", True),
-    "brats-demo": ("imggen.datasets.brats", False),  # shipped MNI152 slices + synthetic lesion masks
+    "brats-demo": ("imggen.datasets.brats", False),  # shipped MNI152 slices + challenge-like masks
     "cifar": ("imggen.datasets.cifar", True),
     "folder": ("imggen.datasets.folder", True),
 }
@@ -61,9 +61,9 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     needs_path = ADAPTERS[kind][1]
     if needs_path and not path:
         raise DataError(f"--data {kind} needs a path: --data {kind}:PATH")
-    if kind == "brats-demo" and path:
-        raise DataError(f"--data {spec}: brats-demo takes no path (its slices ship with imggen); for BraTS "
-                        f"cases of your own use --data brats:PATH")
+    if kind == "brats-demo" and path and not path.startswith("masks="):
+        raise DataError(f"--data {spec}: brats-demo takes no path (its slices ship with imggen; the one option is "
+                        f"brats-demo:masks=challenge|ellipses); for BraTS cases of your own use --data brats:PATH")
     if kind == "molecules" and path and os.path.isdir(path):
         raise DataError(f"--data {spec}: {path} is a directory; expected a .csv, .smi or .sdf file of molecules")
     return kind, (path or None)
@@ -73,7 +73,9 @@ def load_dataset(spec: str, *, height: int, width: int, channels: int, seed: int
                  skip_bad: bool = False, **opts) -> ImageSplits:
     kind, path = parse_spec(spec)
     module = importlib.import_module(ADAPTERS[kind][0])
-    if kind == "brats-demo":
+    if kind == "brats-demo":  # brats-demo:masks=ellipses -> the old small holes (default: challenge-like)
+        if path:
+            opts["masks"] = path.partition("=")[2]
         return module.load_demo(height=height, width=width, channels=channels, seed=seed, **opts)
     return module.load(path, height=height, width=width, channels=channels, seed=seed,
                        skip_bad=skip_bad, **opts)

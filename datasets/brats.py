@@ -26,7 +26,10 @@ i.e. image[r, c] = ras_slice[X-1-c, Y-1-r]; see `ras_slice_to_image` / `image_to
 Inpainting (`inpainting=True`): masks[split] bool (N, 1, H, W), True = to inpaint. Source:
 `-mask-healthy` (2023 inpainting training data, image = `-t1n` with the `-mask-unhealthy` tumour
 region set to 0 exactly as in the challenge input `-t1n-voided`, so the ground truth is known
-inside the mask and the tumour is never context), else `_seg` > 0 (tumour), else `-mask` (with
+inside the mask and the tumour is never context), else `_seg`: with masks="challenge" (default)
+the challenge's recipe - a tumour compartment (>= 800 voxels) flipped, rotated and placed in
+healthy tissue, the tumour voided (imggen.datasets.brats_masks) - or with masks="tumour" the
+tumour itself (`_seg` > 0), else `-mask` (with
 the `-t1n-voided` image when no `-t1n` exists: the inference set). Slices
 with an empty mask are kept (filter with masks[s].any((1, 2, 3)) if needed).
 
@@ -38,6 +41,7 @@ meta = {"case": {split: [...]}, "slice": {split: [axial index k in the RAS volum
 """
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -136,14 +140,22 @@ def read_volume(file: Path) -> np.ndarray:
     return np.nan_to_num(data, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def normalise_volume(vol: np.ndarray, file="volume") -> np.ndarray:
-    """Robust per-volume scaling: clip to the 0.5/99.5 percentiles of brain voxels (> 0) -> [0, 255]."""
+def intensity_range(vol: np.ndarray, file="volume") -> tuple[float, float]:
+    """(lo, hi) of `normalise_volume`: the 0.5/99.5 percentiles of the brain voxels (> 0); a
+    (nearly) constant brain gives (0, its intensity), so the brain maps to 255 and background to 0.
+    `lo + x / 255 * (hi - lo)` maps a normalised value x back to the volume's intensities."""
     brain = vol > 0
     if brain.sum() < 10:
         raise DataError(f"{file}: volume has no brain voxels (all values <= 0)")
     lo, hi = np.percentile(vol[brain], [0.5, 99.5])
-    if hi <= lo:  # (nearly) constant brain intensity: map brain to 255, background to 0
+    if hi <= lo:
         lo, hi = 0.0, max(hi, 1e-6)
+    return lo, hi  # numpy float64: the scaling runs in float64 as before
+
+
+def normalise_volume(vol: np.ndarray, file="volume") -> np.ndarray:
+    """Robust per-volume scaling: clip to the 0.5/99.5 percentiles of brain voxels (> 0) -> [0, 255]."""
+    lo, hi = intensity_range(vol, file)
     return np.clip((vol - lo) / (hi - lo), 0.0, 1.0) * 255.0
 
 
@@ -184,7 +196,27 @@ def _parse_modalities(modality, channels: int) -> list[str]:
     return mods
 
 
-def _load_case(case: Path, mods: list[str], height: int, width: int, channels: int, inpainting: bool):
+def _challenge_hole(case: Path, vols: list[np.ndarray], tumour: np.ndarray, seed: int):
+    """As the challenge builds `-mask-healthy` from a case with a tumour segmentation: the tumour is
+    voided (not context), and the hole is one of its compartments (>= 800 voxels) flipped, rotated
+    and placed in healthy brain tissue (a lumpy blob of 1-15% of the brain when none fits)."""
+    import zlib
+
+    from imggen.datasets.brats_masks import challenge_masks
+
+    shapes = {v.shape for v in vols} | {tumour.shape}
+    if len(shapes) != 1:
+        raise DataError(f"{case}: volumes have different shapes {sorted(shapes)} after RAS reorientation")
+    rng = np.random.default_rng([seed, zlib.crc32(case.name.encode()), 28])
+    brain = np.any([v > 0 for v in vols], axis=0) & ~tumour
+    if brain.sum() < 100:
+        raise DataError(f"{case}: too little brain tissue outside the tumour to place an inpainting hole")
+    holes = challenge_masks(brain, rng, 1, tumour=tumour) or challenge_masks(brain, rng, 1)
+    return [np.where(tumour, 0.0, v) for v in vols], holes[0]
+
+
+def _load_case(case: Path, mods: list[str], height: int, width: int, channels: int, inpainting: bool,
+               masks: str = "challenge", seed: int = 0):
     files = _case_files(case)
     if not files:
         raise DataError(f"{case}: case folder has no BraTS NIfTI files (*_t1.nii.gz, *-t1n.nii.gz, ...); "
@@ -207,7 +239,9 @@ def _load_case(case: Path, mods: list[str], height: int, width: int, channels: i
             raise DataError(f"{case}: inpainting=True needs a mask file (-mask-healthy, _seg or -mask); "
                             f"found {sorted(f.name for f in files.values())}")
         mask = read_volume(files[src]) > 0
-        if src == "mask-healthy" and "mask-unhealthy" in files:
+        if src == "seg" and masks == "challenge":
+            vols, mask = _challenge_hole(case, vols, mask, seed)
+        elif src == "mask-healthy" and "mask-unhealthy" in files:
             # as in the challenge input (-t1n-voided): the tumour region is void, not context
             unhealthy = read_volume(files["mask-unhealthy"]) > 0
             if unhealthy.shape == vols[0].shape:
@@ -235,7 +269,11 @@ def _load_case(case: Path, mods: list[str], height: int, width: int, channels: i
 
 def load(path, *, height: int, width: int, channels: int = 1, seed: int = 0, skip_bad: bool = False,
          modality="t1", inpainting: bool = False, limit: int | None = None, progress: bool = True,
-         **_) -> ImageSplits:
+         masks: str = "challenge", **_) -> ImageSplits:
+    """masks (inpainting cases with a tumour `_seg`): "challenge" (default) = a tumour compartment
+    placed in healthy tissue, the tumour voided (`_challenge_hole`); "tumour" = the tumour itself."""
+    if masks not in ("challenge", "tumour"):
+        raise ConfigError(f"brats: masks={masks!r}; use challenge or tumour")
     mods = _parse_modalities(modality, channels)
     cases = _find_cases(Path(path).expanduser())
     if limit is not None:
@@ -245,7 +283,7 @@ def load(path, *, height: int, width: int, channels: int = 1, seed: int = 0, ski
     split_of = [split_of_patient[patient_id(c.name)] for c in cases]
     parts = {s: {"img": [], "mask": [], "case": [], "slice": []} for s in ("train", "val", "test")}
     done, skipped = read_each(list(enumerate(cases)), lambda ic: _load_case(ic[1], mods, height, width, channels,
-                                                                          inpainting),
+                                                                          inpainting, masks, seed),
                               kind="brats", what="bad case(s)", skip_bad=skip_bad, progress="BraTS cases" if progress else None)
     for (i, case), (imgs, masks, keep) in done:
         p = parts[split_of[i]]
@@ -271,43 +309,95 @@ def load(path, *, height: int, width: int, channels: int = 1, seed: int = 0, ski
 # ---------------------------------------------------------------- shipped demo
 DEMO_FILE = Path(__file__).parent / "data" / "brats_demo.npz"
 DEMO_VARIANTS = ("orig", "flip", "gamma0.8", "gamma1.25")
+DEMO_MASKS = ("challenge", "ellipses")
+DEMO_SIDE_MM = 233.0  # the template's 197 x 233 mm axial plane, zero-padded to a square, is the stored 128 px
+DEMO_GAP = 10         # slices (1 mm each) between every training slice and every val / test slice
+DEMO_BANK = 24        # 3-D challenge-like masks drawn on the template (at least one meets every slice)
+MASK_SEED = 0         # the 3-D masks are the same for every run: evaluation masks stay fixed
 
 
-def load_demo(*, height: int, width: int, channels: int = 1, seed: int = 0, **_) -> ImageSplits:
+@functools.lru_cache(maxsize=2)
+def demo_mask_bank(size: int, seed: int = MASK_SEED) -> tuple[list[np.ndarray], np.ndarray]:
+    """(3-D challenge-like masks (size, size, Z) in image orientation, z of each stored slice): lumpy
+    blobs of 1-15% of the template brain's volume (imggen.datasets.brats_masks), at `size` px a side."""
+    from imggen.datasets.brats_masks import challenge_masks
+
+    d = np.load(DEMO_FILE)
+    brain = np.stack([_resize(b > 0, size, size, nearest=True) for b in d["images"]], axis=-1)
+    mm = DEMO_SIDE_MM / size
+    bank = challenge_masks(brain, np.random.default_rng([seed, 28]), DEMO_BANK, spacing=(mm, mm, 1.0),
+                           cover_slices=True)
+    return bank, d["z"]
+
+
+def honest_split(patient: np.ndarray, z: np.ndarray, seed: int, gap: int = DEMO_GAP) -> dict[str, np.ndarray]:
+    """Slice indices per split: slabs (patients) split by `split_indices`, then every training slice
+    closer than `gap` slices to a val or test slice dropped, so evaluation slices lie >= gap mm from
+    every training slice of the template (its neighbours are near copies of it)."""
+    patients = np.unique(patient)
+    out = {s: np.flatnonzero(np.isin(patient, patients[pidx]))
+           for s, pidx in split_indices(len(patients), seed).items()}
+    held = z[np.concatenate([out["val"], out["test"]])]
+    if len(held):
+        far = np.abs(z[out["train"]][:, None] - held[None]).min(1) >= gap
+        out["train"] = out["train"][far]
+    return out
+
+
+def load_demo(*, height: int, width: int, channels: int = 1, seed: int = 0, masks: str = "challenge",
+              **_) -> ImageSplits:
     """Shipped real brain slices: axial slices of the MNI152 (ICBM 2009a sym) T1 template.
 
     Built by `datasets/make_brats_demo.py` (see data/README_brats_demo.md for source and licence).
-    Each stored slice has a synthetic lesion-like mask (seeded random ellipses inside the brain).
     A "patient" is a slab of 8 neighbouring axial slices; each slice appears in 4 variants
-    (original, left-right flip, gamma 0.8, gamma 1.25) that belong to its slab's patient, so no
-    slice (nor its augmented copy, nor its immediate neighbours) is in two splits.
-    Always returns masks (inpainting targets). Same orientation as `load`.
+    (original, left-right flip, gamma 0.8, gamma 1.25) that belong to its slab's patient. Slabs are
+    split at random, then every training slice within DEMO_GAP (10) slices of a val or test slice
+    is dropped (`honest_split`): no evaluation slice has a training slice less than 10 mm away.
+    Masks (always returned, the inpainting targets), `masks=`:
+    * "challenge" (default; `--data brats-demo`): axial sections of fixed, seeded 3-D lumpy blobs
+      of 1-15% of the template brain's volume (`demo_mask_bank`), one blob per (slice, variant)
+      among those that meet the slice, as the challenge's tumour-shaped holes;
+    * "ellipses" (`--data brats-demo:masks=ellipses`): the stored small holes, 1-2 seeded random
+      ellipses per slice inside the brain.
+    Same orientation as `load`.
     """
     if channels not in (1, 3):
         raise ConfigError(f"brats-demo: channels={channels}; use 1 (or 3 = replicated)")
+    if masks not in DEMO_MASKS:
+        raise ConfigError(f"brats-demo: masks={masks!r}; use {' or '.join(DEMO_MASKS)}")
     if not DEMO_FILE.exists():
         raise DataError(f"{DEMO_FILE} missing; rebuild it with `python datasets/make_brats_demo.py`")
     d = np.load(DEMO_FILE)
     base, patient, zs = d["images"], d["patient"], d["z"]
-    bmask = np.unpackbits(d["masks"], axis=-1, count=base.shape[-1]).astype(bool)
     imgs = np.stack([_resize(b.astype(np.float32), height, width) for b in base])
-    msk = np.stack([_resize(m, height, width, nearest=True) for m in bmask])
     variants = {"orig": imgs, "flip": imgs[:, :, ::-1],
                 "gamma0.8": 255.0 * (imgs / 255.0) ** 0.8, "gamma1.25": 255.0 * (imgs / 255.0) ** 1.25}
-    vmasks = {"orig": msk, "flip": msk[:, :, ::-1], "gamma0.8": msk, "gamma1.25": msk}
-    patients = np.unique(patient)
-    out, masks, meta = {}, {}, {"case": {}, "slice": {}, "variant": {}}
-    for s, pidx in split_indices(len(patients), seed).items():
-        sel = np.flatnonzero(np.isin(patient, patients[pidx]))
+    if masks == "ellipses":
+        bmask = np.unpackbits(d["masks"], axis=-1, count=base.shape[-1]).astype(bool)
+        msk = np.stack([_resize(m, height, width, nearest=True) for m in bmask])
+        vmasks = {"orig": msk, "flip": msk[:, :, ::-1], "gamma0.8": msk, "gamma1.25": msk}
+    else:
+        bank, _ = demo_mask_bank(64 if max(height, width) <= 64 else base.shape[-1])
+        rng = np.random.default_rng([MASK_SEED, 28, 1])
+        vmasks = {v: np.zeros((len(base), height, width), bool) for v in DEMO_VARIANTS}
+        for i in range(len(base)):
+            meets = [m for m in bank if m[:, :, i].any()]
+            for v in DEMO_VARIANTS:
+                if meets:
+                    m = _resize(meets[rng.integers(len(meets))][:, :, i], height, width, nearest=True)
+                    vmasks[v][i] = m[:, ::-1] if v == "flip" else m  # flipped with its image: stays in the brain
+    out, masks_out, meta = {}, {}, {"case": {}, "slice": {}, "variant": {}}
+    for s, sel in honest_split(patient, zs, seed).items():
         x = np.concatenate([variants[v][sel] for v in DEMO_VARIANTS]) if len(sel) else np.zeros((0, height, width))
         m = np.concatenate([vmasks[v][sel] for v in DEMO_VARIANTS]) if len(sel) else np.zeros((0, height, width), bool)
         x = np.clip(np.round(x), 0, 255).astype(np.uint8)[:, None]
         out[s] = np.repeat(x, channels, axis=1) if channels == 3 else x
-        masks[s] = m[:, None].copy()
+        masks_out[s] = m[:, None].copy()
         meta["case"][s] = [f"mni152-slab{patient[i]:02d}" for v in DEMO_VARIANTS for i in sel]
         meta["slice"][s] = [int(zs[i]) for v in DEMO_VARIANTS for i in sel]
         meta["variant"][s] = [v for v in DEMO_VARIANTS for _ in sel]
-    return ImageSplits(**out, masks=masks, meta=meta,
-                       info={"source": "MNI152 ICBM 2009a symmetric T1 template (nilearn), synthetic masks",
+    source = "challenge-like 3-D blob sections" if masks == "challenge" else "small random ellipses"
+    return ImageSplits(**out, masks=masks_out, meta=meta,
+                       info={"source": f"MNI152 ICBM 2009a symmetric T1 template (nilearn), {source} as masks",
                              "licence": "see datasets/data/README_brats_demo.md", "orientation": ORIENTATION,
-                             "skipped": 0})
+                             "skipped": 0, "masks": masks, "gap_slices": DEMO_GAP})

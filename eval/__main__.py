@@ -1,4 +1,4 @@
-"""`python -m imggen.eval bpd|inpaint|fid|atoms|report ...` (console script: imggen-eval).
+"""`python -m imggen.eval bpd|inpaint|fid|atoms|report|brats ...` (console script: imggen-eval).
 
 Every subcommand prints a short human summary; --json (bpd, fid, atoms) or the output folder
 (inpaint, report) holds the full results. A bad flag or value is one line on stderr, exit code 2.
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = Parser(prog=PROG, description="Evaluate imggen models: bits/dim, inpainting, FID, atom-bond "
                                         "accuracy, and a full report of a run directory.")
     sub = ap.add_subparsers(dest="cmd", metavar="SUBCOMMAND", parser_class=Parser,
-                            help="bpd | inpaint | fid | atoms | report (each has --help)")
+                            help="bpd | inpaint | fid | atoms | report | brats (each has --help)")
     sub.required = True
     dev = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -120,6 +120,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fid-weights", metavar="PATH", help="compute FID of the samples vs the split with these Inception weights")
     p.add_argument("--seed", type=int, default=0, help="sampling / bootstrap seed (default 0)")
     p.add_argument("--out", metavar="DIR", help="output folder (default RUN/report)")
+
+    p = sub.add_parser("brats", help="score sample.py --brats volumes like the BraTS inpainting organisers",
+                       description="Score every case folder of --data that has <case>-t1n and <case>-mask-healthy "
+                                   "and a prediction --pred/<case>-t1n-inference.nii.gz with the organisers' "
+                                   "SSIM / PSNR / MSE inside the healthy mask; writes a per-case CSV and prints "
+                                   "the mean of each metric with a 95%% bootstrap interval over cases.")
+    p.add_argument("--pred", required=True, metavar="PRED", help="folder of <case>-t1n-inference.nii.gz volumes")
+    p.add_argument("--data", required=True, metavar="CASES", help="folder of case folders with -t1n, -mask-healthy")
+    p.add_argument("--csv", metavar="PATH", help="per-case scores (default PRED/brats_scores.csv)")
+    p.add_argument("--json", metavar="OUT", help="also write the full result (per-case values included) to this JSON file")
     return ap
 
 
@@ -235,7 +245,21 @@ def cmd_report(a) -> int:
     return 0
 
 
-COMMANDS = {"bpd": cmd_bpd, "inpaint": cmd_inpaint, "fid": cmd_fid, "atoms": cmd_atoms, "report": cmd_report}
+def cmd_brats(a) -> int:
+    from imggen.eval.brats_eval import evaluate, table
+    res = evaluate(a.pred, a.data, csv_path=a.csv)
+    print(table(res))
+    skipped = [f"{len(res[k])} {what}" for k, what in (("without_prediction", "case(s) without a prediction"),
+                                                        ("failed", "case(s) failed"),
+                                                        ("without_truth", "case(s) without -t1n / -mask-healthy"))
+               if res[k]]
+    print(f"wrote {res['csv']}" + (f"; not scored: {', '.join(skipped)}" if skipped else ""))
+    _write(res, a.json)
+    return 1 if res["failed"] else 0
+
+
+COMMANDS = {"bpd": cmd_bpd, "inpaint": cmd_inpaint, "fid": cmd_fid, "atoms": cmd_atoms, "report": cmd_report,
+            "brats": cmd_brats}
 
 
 def main(argv=None) -> int:

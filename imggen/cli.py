@@ -19,6 +19,7 @@ from imggen.errors import ConfigError, ImggenError, Interrupted, ShapeError
 from imggen.memory import save_limit
 from imggen.tasks import TASKS
 from imggen.threads import set_threads
+from imggen.volumes import BRATS_HELP, UNCERTAINTY_HELP, brats_main
 
 
 class Parser(argparse.ArgumentParser):
@@ -234,8 +235,8 @@ def sample_parser() -> argparse.ArgumentParser:
                     help="number of images to draw (default 16; 1 fill with --inpaint / --prefix)")
     ap.add_argument("--batch-size", type=int, default=16,
                     help="sequences sampled in parallel, --rank candidates included (default 16)")
-    ap.add_argument("--out", default="samples.png",
-                    help="output PNG (default samples.png): a grid, or the filled image for --inpaint / --prefix")
+    ap.add_argument("--out", help="output PNG (default samples.png): a grid, or the filled image for --inpaint / "
+                                  "--prefix; with --brats the folder for the output volumes")
     ap.add_argument("--seed", type=int, default=None,
                     help="random seed: same seed, same images (image i depends on the seed and i only)")
     ap.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (default 1.0; 0 = greedy)")
@@ -256,6 +257,8 @@ def sample_parser() -> argparse.ArgumentParser:
                     help="with --inpaint / --prefix: also write original | masked | filled side by side")
     ap.add_argument("--backend", choices=BACKENDS,
                     help="attention backend of the forward passes (default: the checkpoint's; IMGGEN_BACKEND wins)")
+    ap.add_argument("--brats", metavar="DIR", help=BRATS_HELP)
+    ap.add_argument("--uncertainty", action="store_true", help=UNCERTAINTY_HELP)
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_fill_flags(ap)
     add_threads_flag(ap)
@@ -332,6 +335,9 @@ def sample_main(argv=None) -> int:
 
     args = sample_parser().parse_args(argv)
     set_threads(args.threads, "sample")
+    if args.brats or args.uncertainty:  # volumes in and out: imggen.volumes
+        return brats_main(args)
+    args.out = args.out or "samples.png"
     try:
         _check_sample_args(args)
         conditional = bool(args.inpaint or args.prefix)

@@ -249,6 +249,12 @@ PRESETS: dict[str, dict] = {
                           train=dict(steps=2000, batch_size=16, lr=2e-3, warmup=100, eval_every=250, eval_images=64,
                                      ckpt_every=250, sample_num=8, task="inpaint"),
                           data=dict(spec="brats-demo")),
+    # 64x64 inpainting (the brats-demo challenge-like masks): a context model still trainable on a CPU
+    "brats64": dict(model=dict(height=64, width=64, channels=1, bits=8, dim=128, layers=4, heads=4,
+                               attention="local2d,band", radius=3, context="unet", context_width=64),
+                    train=dict(steps=3000, batch_size=8, lr=2e-3, warmup=100, eval_every=250, eval_images=32,
+                               ckpt_every=250, sample_num=4, task="inpaint"),
+                    data=dict(spec="brats-demo")),
     "cifar": dict(model=dict(height=32, width=32, channels=3, bits=8, dim=256, layers=8, heads=8,
                              attention="local2d,band", radius=3),
                   train=dict(steps=100000, batch_size=32, lr=1e-3, warmup=1000, eval_every=2000,

@@ -144,7 +144,7 @@ def test_mask_aligned_with_image_after_resize(tmp_path):
     d.mkdir(parents=True)
     save(d / "case1_flair.nii.gz", vol)
     save(d / "case1_seg.nii.gz", seg)
-    s = brats.load(tmp_path / "c", height=48, width=40, modality="t2f", inpainting=True)
+    s = brats.load(tmp_path / "c", height=48, width=40, modality="t2f", inpainting=True, masks="tumour")
     x, m = s.train[:, 0], s.masks["train"][:, 0]
     for xi, mi in zip(x, m):
         bright = xi > 128
@@ -279,7 +279,9 @@ def test_demo_slices():
         assert x.dtype == np.uint8 and x.shape[1:] == (1, 32, 32) and m.shape == (len(x), 1, 32, 32)
         assert m.any(axis=(1, 2, 3)).mean() > 0.9
         n += len(x)
-    assert n == 4 * 136
+    zs = {k: set(v) for k, v in s.meta["slice"].items()}
+    assert n == 4 * sum(len(z) for z in zs.values())  # every kept slice in its 4 variants
+    assert 4 * 90 <= n < 4 * 136  # training slices next to val / test slices are left out (honest split)
     cases = {k: set(v) for k, v in s.meta["case"].items()}
     assert not (cases["train"] & cases["test"]) and not (cases["val"] & cases["test"])
     assert not (cases["train"] & cases["val"])

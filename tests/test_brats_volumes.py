@@ -1,0 +1,247 @@
+"""sample.py --brats: BraTS case folders in, <case>-t1n-inference.nii.gz volumes out (imggen.volumes),
+on tiny NIfTI cases written to tmp_path and tiny models (random, or trained a few steps)."""
+from __future__ import annotations
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+
+from imggen.checkpoint import save_checkpoint
+from imggen.cli import sample_main
+from imggen.config import Config, ModelConfig, TrainConfig
+from imggen.model import ImageTransformer
+from imggen.volumes import Volume
+
+torch.set_num_threads(1)
+SHAPE = (24, 20, 12)
+# stored axes: i = -x (left -> right), j = +z (superior), k = -y (posterior -> anterior): not RAS
+AFFINE = np.array([[-1.0, 0, 0, 30], [0, 0, 1.0, -20], [0, -1.0, 0, 40], [0, 0, 0, 1]])
+
+
+def _model_cfg(context="unet", size=8):
+    return ModelConfig(height=size, width=size, channels=1, bits=8, dim=32, layers=2, heads=2,
+                       attention="local2d,band", window=2 * size, radius=2, context=context, context_width=8,
+                       backend="cpu")
+
+
+def random_run(tmp_path, context="unet"):
+    torch.manual_seed(0)
+    cfg = _model_cfg(context)
+    m = ImageTransformer(cfg)
+    if context != "none":  # a trained encoder: the fresh one is zero at its output
+        torch.nn.init.normal_(m.context.out.weight, std=0.5)
+    run = tmp_path / f"run-{context}"
+    task = "generate" if context == "none" else "inpaint"
+    save_checkpoint(str(run), 1, m, Config(model=cfg, train=TrainConfig(task=task)))
+    return str(run)
+
+
+def constant_run(tmp_path, steps=40):
+    """An unconditional model trained briefly on all-white (255) images: it fills with 255."""
+    torch.manual_seed(0)
+    cfg = _model_cfg("none")
+    m = ImageTransformer(cfg)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    x = torch.full((4, cfg.seq_len), 255, dtype=torch.long)
+    for _ in range(steps):
+        loss = torch.nn.functional.cross_entropy(m(x).flatten(0, 1), x.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    run = tmp_path / "run-const"
+    save_checkpoint(str(run), steps, m.eval(), Config(model=cfg))
+    return str(run)
+
+
+def save(path, data, dtype=np.float32, affine=AFFINE, scaling=None):
+    img = nib.Nifti1Image(np.asarray(data).astype(dtype), affine)
+    if scaling:
+        img.header.set_slope_inter(*scaling)
+    nib.save(img, str(path))
+
+
+def brain(rng):
+    v = np.zeros(SHAPE, np.float32)
+    v[3:21, 2:11, 1:11] = rng.uniform(300, 900, size=(18, 9, 10))
+    return v
+
+
+def hole():
+    m = np.zeros(SHAPE, bool)
+    m[8:14, 4:8, 4:8] = True
+    return m
+
+
+def make_case(root, name, rng, vol=None, mask=None, layout="inference", dtype=np.float32, scaling=None):
+    d = root / name
+    d.mkdir(parents=True)
+    vol = brain(rng) if vol is None else vol
+    mask = hole() if mask is None else mask
+    if layout == "t1n":  # a folder with the ground truth only: voided by the mask on the way in
+        save(d / f"{name}-t1n.nii.gz", vol, dtype, scaling=scaling)
+    else:
+        save(d / f"{name}-t1n-voided.nii.gz", np.where(mask, 0, vol), dtype, scaling=scaling)
+    if mask is not False:
+        save(d / f"{name}-mask.nii.gz", mask, np.uint8)
+    return d
+
+
+def run_cli(capsys, *argv):
+    rc = sample_main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_output_grid_header_and_outside_voxels(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    cases = tmp_path / "cases"
+    make_case(cases, "BraTS-GLI-00001-000", rng)
+    make_case(cases, "BraTS-GLI-00002-000", rng, dtype=np.int16, scaling=(0.5, 10.0))
+    make_case(cases, "BraTS-GLI-00003-000", rng, layout="t1n", dtype=np.int16)
+    out = tmp_path / "pred"
+    rc, stdout, err = run_cli(capsys, "--checkpoint", random_run(tmp_path), "--brats", cases, "--out", out,
+                              "--no-progress", "--device", "cpu")
+    assert rc == 0, err
+    assert "3 of 3 case(s) written" in stdout
+    for d in sorted(cases.iterdir()):
+        src = next(d.glob("*-t1n*.nii.gz"))
+        inp, pred = nib.load(str(src)), nib.load(str(out / f"{d.name}-t1n-inference.nii.gz"))
+        assert pred.shape == inp.shape and np.array_equal(pred.affine, inp.affine)
+        assert pred.get_data_dtype() == inp.get_data_dtype()
+        assert pred.header.get_slope_inter() == inp.header.get_slope_inter()
+        assert pred.header.binaryblock == inp.header.binaryblock
+        m = np.asanyarray(nib.load(str(d / f"{d.name}-mask.nii.gz")).dataobj) > 0
+        raw_in, raw_out = inp.dataobj.get_unscaled(), pred.dataobj.get_unscaled()
+        assert raw_out.dtype == raw_in.dtype
+        if src.name.endswith("-t1n.nii.gz"):
+            raw_in = np.where(m, 0, raw_in)  # the ground-truth layout: the hole is voided first
+        assert np.array_equal(raw_out[~m], raw_in[~m])  # bit-identical outside the mask
+        filled = pred.get_fdata()[m]
+        assert (filled != 0).mean() > 0.5  # the hole is filled (a random model draws mostly nonzero values)
+        assert filled.min() >= 0 and filled.max() <= 1000  # in the volume's intensity range, not [0, 255]
+
+
+def test_hole_in_a_constant_region_comes_back_at_its_intensity(tmp_path, capsys):
+    c = 731.0  # not 255: the fill goes through the inverse of the percentile scaling
+    vol = np.zeros(SHAPE, np.float32)
+    vol[2:22, 1:15, 1:11] = c  # an off-centre box: a fill put on the wrong voxels would read background
+    cases = tmp_path / "cases"
+    make_case(cases, "const", None, vol=vol)
+    out = tmp_path / "pred"
+    rc, _, err = run_cli(capsys, "--checkpoint", constant_run(tmp_path), "--brats", cases, "--out", out,
+                         "--temperature", "0", "--no-progress", "--device", "cpu")
+    assert rc == 0, err
+    pred = nib.load(str(out / "const-t1n-inference.nii.gz")).get_fdata()
+    m = hole()
+    assert np.abs(pred[m] - c).max() <= 0.01 * c
+    assert np.array_equal(pred[~m], np.where(m, 0, vol)[~m])
+
+
+def test_bad_cases_are_one_line_each_and_the_others_go_on(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    cases = tmp_path / "cases"
+    make_case(cases, "a-good", rng)
+    make_case(cases, "b-nomask", rng, mask=False)
+    bad = make_case(cases, "c-shapes", rng)
+    save(bad / "c-shapes-mask.nii.gz", np.ones((10, 10, 10)), np.uint8)
+    make_case(cases, "d-good", rng)
+    flipped = make_case(cases, "dd-affine", rng)  # a mask of the right shape in another orientation
+    save(flipped / "dd-affine-mask.nii.gz", hole(), np.uint8, affine=np.diag([1.0, 1.0, 1.0, 1.0]))
+    (cases / "e-corrupt").mkdir()
+    (cases / "e-corrupt" / "e-corrupt-t1n-voided.nii.gz").write_bytes(b"not a nifti file")
+    save(cases / "e-corrupt" / "e-corrupt-mask.nii.gz", hole(), np.uint8)
+    out = tmp_path / "pred"
+    rc, stdout, err = run_cli(capsys, "--checkpoint", random_run(tmp_path, "none"), "--brats", cases, "--out", out,
+                              "--no-progress", "--device", "cpu")
+    assert rc == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 4, err
+    assert "b-nomask" in lines[0] and "-mask.nii.gz" in lines[0]
+    assert "c-shapes-mask.nii.gz" in lines[1] and "c-shapes-t1n-voided.nii.gz" in lines[1]
+    assert "(10, 10, 10)" in lines[1]
+    assert "dd-affine-mask.nii.gz" in lines[2] and "affines" in lines[2]
+    assert "e-corrupt-t1n-voided.nii.gz" in lines[3]
+    assert sorted(p.name for p in out.iterdir()) == ["a-good-t1n-inference.nii.gz", "d-good-t1n-inference.nii.gz"]
+    assert "2 of 6 case(s) written" in stdout and "4 failed" in stdout
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_uncertainty_volume(tmp_path, capsys, k):
+    rng = np.random.default_rng(2)
+    cases = tmp_path / "cases"
+    make_case(cases, "case", rng)
+    out = tmp_path / "pred"
+    rc, _, err = run_cli(capsys, "--checkpoint", random_run(tmp_path), "--brats", cases, "--out", out, "--uncertainty",
+                         "--samples", k, "--no-progress", "--device", "cpu")
+    assert rc == 0, err
+    std = nib.load(str(out / "case-t1n-std.nii.gz"))
+    inp = nib.load(str(cases / "case" / "case-t1n-voided.nii.gz"))
+    assert std.shape == inp.shape and np.array_equal(std.affine, inp.affine)
+    s, m = std.get_fdata(), hole()
+    assert (s[~m] == 0).all()
+    if k == 1:
+        assert (s == 0).all()
+    else:
+        assert (s[m] > 0).mean() > 0.5 and (s >= 0).all()  # a random model's draws disagree
+
+
+def test_mean_of_k_draws_is_the_reported_fill(tmp_path, capsys):
+    """--samples K --reduce mean: the fill is the mean of the K draws (draw i = the K=1 run's stream)."""
+    rng = np.random.default_rng(3)
+    cases = tmp_path / "cases"
+    make_case(cases, "case", rng)
+    run = random_run(tmp_path)
+    outs = {}
+    for reduce in ("mean", "median"):
+        out = tmp_path / reduce
+        rc, _, err = run_cli(capsys, "--checkpoint", run, "--brats", cases, "--out", out, "--samples", 3,
+                             "--reduce", reduce, "--uncertainty", "--no-progress", "--device", "cpu")
+        assert rc == 0, err
+        outs[reduce] = nib.load(str(out / "case-t1n-inference.nii.gz")).get_fdata()
+    m = hole()
+    assert not np.allclose(outs["mean"][m], outs["median"][m])
+    assert np.array_equal(outs["mean"][~m], outs["median"][~m])
+
+
+def test_bad_flags_are_one_line(tmp_path, capsys):
+    run = random_run(tmp_path)
+    rc, _, err = run_cli(capsys, "--checkpoint", run, "--brats", tmp_path / "nowhere", "--out", tmp_path / "o")
+    assert rc == 2 and "nowhere" in err and len(err.strip().splitlines()) == 1
+    rc, _, err = run_cli(capsys, "--checkpoint", run, "--brats", tmp_path, "--num", 3, "--out", tmp_path / "o")
+    assert rc == 2 and "--num" in err
+    rc, _, err = run_cli(capsys, "--checkpoint", run, "--uncertainty", "--out", tmp_path / "x.png")
+    assert rc == 2 and "--brats" in err
+
+
+def test_ras_round_trip_of_a_non_canonical_volume(tmp_path):
+    save(tmp_path / "v.nii.gz", np.arange(np.prod(SHAPE)).reshape(SHAPE))
+    v = Volume(tmp_path / "v.nii.gz")
+    ras = v.to_ras(v.values)
+    assert np.array_equal(ras, np.asarray(nib.as_closest_canonical(nib.load(str(tmp_path / "v.nii.gz"))).dataobj))
+    assert np.array_equal(v.from_ras(ras), v.values)
+
+
+def test_two_commands_from_case_folders_to_scores(tmp_path, capsys):
+    """README's BraTS section: sample.py --brats on training-layout folders, then eval brats."""
+    from imggen.eval.__main__ import main as eval_main
+
+    rng = np.random.default_rng(4)
+    cases = tmp_path / "cases"
+    for name in ("BraTS-GLI-00010-000", "BraTS-GLI-00011-000"):
+        t1, m = brain(rng), hole()
+        healthy = m.copy()
+        healthy[8:14, 4:8, 6:8] = False
+        d = make_case(cases, name, rng, vol=t1, mask=m)
+        save(d / f"{name}-t1n.nii.gz", t1)
+        save(d / f"{name}-mask-healthy.nii.gz", healthy, np.uint8)
+        save(d / f"{name}-mask-unhealthy.nii.gz", m & ~healthy, np.uint8)
+    out = tmp_path / "pred"
+    rc, _, err = run_cli(capsys, "--checkpoint", random_run(tmp_path), "--brats", cases, "--out", out,
+                         "--no-progress", "--device", "cpu")
+    assert rc == 0, err
+    assert eval_main(["brats", "--pred", str(out), "--data", str(cases)]) == 0
+    text = capsys.readouterr().out
+    assert "mean over 2 case(s)" in text
+    rows = (out / "brats_scores.csv").read_text().strip().splitlines()
+    assert len(rows) == 3 and rows[1].startswith("BraTS-GLI-00010-000,")
