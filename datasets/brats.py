@@ -115,18 +115,26 @@ def _case_files(case: Path) -> dict[str, Path]:
 MAX_VOXELS = 2 ** 26  # 512 x 512 x 256: bounds the memory a NIfTI header can make the reader allocate
 
 
+def open_nifti(file: Path):
+    """nibabel's lazy image of `file`, its header's size checked before any voxel is read (a small
+    file that declares a huge volume is one DataError, not gigabytes of memory)."""
+    import nibabel as nib
+
+    img = nib.load(str(file))
+    shape = tuple(int(d) for d in img.shape)
+    if np.prod(shape, dtype=np.float64) > MAX_VOXELS:
+        raise DataError(f"{file}: its header declares {' x '.join(map(str, shape))} voxels, more than "
+                        f"imggen reads ({MAX_VOXELS:,}; a BraTS volume has 8.9 million); the file is "
+                        f"corrupt or not a brain MRI volume")
+    return img
+
+
 def read_volume(file: Path) -> np.ndarray:
     """float32 (X, Y, Z) in RAS+ orientation; DataError naming the file if it cannot be read."""
     import nibabel as nib
 
     try:
-        img = nib.load(str(file))
-        shape = tuple(int(d) for d in img.shape)
-        if np.prod(shape, dtype=np.float64) > MAX_VOXELS:
-            raise DataError(f"{file}: its header declares {' x '.join(map(str, shape))} voxels, more than "
-                            f"imggen reads ({MAX_VOXELS:,}; a BraTS volume has 8.9 million); the file is "
-                            f"corrupt or not a brain MRI volume")
-        img = nib.as_closest_canonical(img)
+        img = nib.as_closest_canonical(open_nifti(file))
         data = np.asarray(img.dataobj, dtype=np.float32)
     except DataError:
         raise

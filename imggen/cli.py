@@ -336,6 +336,11 @@ def sample_main(argv=None) -> int:
     args = sample_parser().parse_args(argv)
     set_threads(args.threads, "sample")
     if args.brats or args.uncertainty:  # volumes in and out: imggen.volumes
+        try:
+            check_fill_args(args)
+        except ConfigError as e:
+            print(f"sample.py: error: {e}", file=sys.stderr)
+            return 2
         return brats_main(args)
     args.out = args.out or "samples.png"
     try:

@@ -67,12 +67,14 @@ class Volume:
     """A NIfTI volume as stored: raw on-disk values, scaling, header; `values` = what they mean."""
 
     def __init__(self, file: Path):
-        import nibabel as nib
+        from imggen.datasets.brats import open_nifti
 
         self.file = file
         try:
-            self.img = nib.load(str(file))
+            self.img = open_nifti(file)
             self.raw = np.asanyarray(self.img.dataobj.get_unscaled())
+        except DataError:
+            raise
         except Exception as e:
             raise DataError(f"{file}: not a readable NIfTI volume ({type(e).__name__}: {e}); re-download the "
                             f"case or remove it") from None
@@ -254,13 +256,12 @@ def check_brats_args(args) -> None:
 
 
 def brats_main(args: argparse.Namespace) -> int:
-    """sample.py --brats: 0 when every case was written, 1 when some failed, 2 on bad input."""
+    """sample.py --brats (its flags parsed and --samples / --reduce checked by imggen.cli): 0 when
+    every case was written, 1 when some failed, 2 on bad input."""
     from imggen.checkpoint import load_model
-    from imggen.cli import check_fill_args
 
     try:
         check_brats_args(args)
-        check_fill_args(args)
         cases = find_cases(args.brats)
         model = load_model(args.checkpoint, device=args.device, backend=args.backend)
     except ImggenError as e:
