@@ -305,3 +305,19 @@ def test_cli_train_on_hostile_smiles_and_images(tmp_path):
     png_declaring(tmp_path / "imgs" / "a.png", 100_000, 100_000)
     _cli(["train.py", "--preset", "demo", "--data", f"folder:{tmp_path / 'imgs'}", "--steps", "1", "--out",
           str(tmp_path / "r2")], tmp_path, "declares more pixels")
+
+
+@pytest.mark.slow
+def test_cli_train_on_a_hostile_cifar_pickle_or_nifti_header(tmp_path):
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    marker = tmp_path / "ran"
+    for name in ["data_batch_1", "test_batch"]:
+        (folder / name).write_bytes(pickle.dumps({b"data": Payload(marker), b"labels": [0]}))
+    _cli(["train.py", "--preset", "cifar", "--data", f"cifar:{folder}", "--steps", "1", "--out",
+          str(tmp_path / "r1")], tmp_path, "not a readable CIFAR-10 pickle", marker)
+    case = tmp_path / "cases" / "BraTS-GLI-00001-000"
+    case.mkdir(parents=True)
+    nifti_declaring(case / "BraTS-GLI-00001-000-t1n.nii.gz", (1000, 1000, 100))
+    _cli(["train.py", "--preset", "brats", "--data", f"brats:{tmp_path / 'cases'}", "--steps", "1", "--out",
+          str(tmp_path / "r2")], tmp_path, "header declares")
