@@ -165,12 +165,18 @@ def test_gzipped_smiles_that_inflate_to_gigabytes(tmp_path):
              "DataError", "inflates to more than")
 
 
-def test_cifar_pickle_that_would_run_code(tmp_path):
+def cifar_with_payload(tmp_path):
+    """(A CIFAR-10 folder whose batches would run code when unpickled, the file the code would create)."""
     folder = tmp_path / "cifar-10-batches-py"
     folder.mkdir()
     marker = tmp_path / "ran"
     for name in ["data_batch_1", "test_batch"]:
         (folder / name).write_bytes(pickle.dumps({b"data": Payload(marker), b"labels": [0]}))
+    return folder, marker
+
+
+def test_cifar_pickle_that_would_run_code(tmp_path):
+    folder, marker = cifar_with_payload(tmp_path)
     _library(f"from imggen.datasets.cifar import load; load({str(folder)!r})", tmp_path, "DataError",
              "not a readable CIFAR-10 pickle")
     assert not marker.exists()
@@ -309,11 +315,7 @@ def test_cli_train_on_hostile_smiles_and_images(tmp_path):
 
 @pytest.mark.slow
 def test_cli_train_on_a_hostile_cifar_pickle_or_nifti_header(tmp_path):
-    folder = tmp_path / "cifar-10-batches-py"
-    folder.mkdir()
-    marker = tmp_path / "ran"
-    for name in ["data_batch_1", "test_batch"]:
-        (folder / name).write_bytes(pickle.dumps({b"data": Payload(marker), b"labels": [0]}))
+    folder, marker = cifar_with_payload(tmp_path)
     _cli(["train.py", "--preset", "cifar", "--data", f"cifar:{folder}", "--steps", "1", "--out",
           str(tmp_path / "r1")], tmp_path, "not a readable CIFAR-10 pickle", marker)
     case = tmp_path / "cases" / "BraTS-GLI-00001-000"
