@@ -7,6 +7,7 @@ import pickle
 import struct
 import subprocess
 import sys
+import tempfile
 import zlib
 
 import numpy as np
@@ -34,18 +35,41 @@ sys.exit(3)
 """
 
 
+# Runs a script or `-c` code as __main__ and, at exit, writes the process's peak resident memory
+# (VmHWM: it belongs to the address space exec made, so unlike ru_maxrss it does not inherit the
+# peak of the pytest process that forked it) to the file named by $HOSTILE_PEAK.
+PEAK = """
+import atexit, os, runpy, sys
+def _peak():
+    with open("/proc/self/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    with open(os.environ["HOSTILE_PEAK"], "w") as f:
+        f.write(str(kb * 1024))
+atexit.register(_peak)
+sys.argv = sys.argv[1:]
+if sys.argv[0] == "-c":
+    code, sys.argv = sys.argv[1], ["-c"] + sys.argv[2:]
+    exec(compile(code, "<hostile>", "exec"), {"__name__": "__main__"})
+else:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+    runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 def _child(argv, cwd=REPO):
-    """(exit code, stdout, stderr, peak resident bytes) of a child process; the peak is read by wait4
-    (Linux reports ru_maxrss in KiB)."""
-    p = subprocess.Popen(argv, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = p.stdout.read(), p.stderr.read()
-    _, status, usage = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    return p.returncode, out, err, usage.ru_maxrss * 1024
+    """(exit code, stdout, stderr, peak resident bytes) of `python ARGV...` in a fresh process."""
+    fd, peak_file = tempfile.mkstemp(prefix="hostile-peak-")
+    os.close(fd)
+    p = subprocess.run([sys.executable, "-c", PEAK, *argv], cwd=cwd, capture_output=True, text=True,
+                       env={**ENV, "HOSTILE_PEAK": peak_file}, timeout=300)
+    with open(peak_file) as f:
+        peak = int(f.read())
+    os.remove(peak_file)
+    return p.returncode, p.stdout, p.stderr, peak
 
 
 def _library(call: str, tmp_path, error: str, says: str):
-    rc, out, err, peak = _child([sys.executable, "-c", CALL.format(call=call)], cwd=tmp_path)
+    rc, out, err, peak = _child(["-c", CALL.format(call=call)], cwd=tmp_path)
     assert "Traceback" not in err, err
     assert rc == 2, (rc, out, err)
     line = out.strip()
@@ -55,7 +79,7 @@ def _library(call: str, tmp_path, error: str, says: str):
 
 
 def _cli(args, tmp_path, says: str, marker=None):
-    rc, out, err, peak = _child([sys.executable, *args], cwd=REPO)
+    rc, out, err, peak = _child(list(args), cwd=REPO)
     lines = [x for x in err.splitlines() if x.strip() and not x.startswith("warning:")]
     assert "Traceback" not in err, err
     assert rc == 2, (rc, out, err)
