@@ -1,6 +1,6 @@
 """Inpainting side by side on held-out test volumes with tumour-sized 3-D holes (issue 28).
 
-    python bench/inpaint.py --context runs/b64ctx --regress runs/b64reg/regress.pt [--uncond RUN --rank 8]
+    python bench/inpaint.py --context runs/b64ctx --regress runs/b64reg/regress.pt [MORE.pt] [--uncond RUN --rank 8]
         [--data brats-demo] [--samples 8] [--out bench/results] [--stem inpaint64] [--work runs/inpaint64]
         [--seed 0] [--threads N]
 
@@ -191,13 +191,16 @@ def ci_text(v, lo, hi, digits=2) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--context", required=True, help="run directory of a context (--task inpaint) model")
-    ap.add_argument("--regress", help="regress.pt of bench/train_regress.py (the regression-only encoder)")
+    ap.add_argument("--regress", nargs="+", default=[],
+                    help="regress.pt file(s) of bench/train_regress.py (the regression-only encoder; the first is "
+                         "the one in the grid)")
     ap.add_argument("--uncond", help="run directory of an unconditional model (optional)")
     ap.add_argument("--data", help="data spec (default: the context model's)")
     ap.add_argument("--split", default="test")
     ap.add_argument("--rank", type=int, default=8, help="candidates per slice for the unconditional model")
     ap.add_argument("--samples", type=int, default=8, help="K draws per slice of the context model")
     ap.add_argument("--batch-size", type=int, default=16, help="sequences decoded together")
+    ap.add_argument("--volumes", type=int, help="the first N test volumes only (a quick check)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--stem", default="inpaint64")
@@ -219,7 +222,7 @@ def main(argv=None) -> int:
     cfg = ctx_run.cfg.model
     data = load_data(ctx_run.cfg, args.data)
     bank, bank_z = demo_mask_bank(64 if max(cfg.height, cfg.width) <= 64 else 128)
-    vols = test_volumes(data, bank, bank_z, args.split, args.seed)
+    vols = test_volumes(data, bank, bank_z, args.split, args.seed)[: args.volumes]
     n_slices = sum(int(v["masks"].any((1, 2)).sum()) for v in vols)
     frac = np.mean([v["masks"][v["masks"].any((1, 2))].mean() for v in vols])
     print(f"{len(vols)} volumes, {n_slices} slices with a hole ({frac:.1%} of a slice on average)", flush=True)
@@ -232,12 +235,16 @@ def main(argv=None) -> int:
             return out
         return run
 
-    reg = load_regressor(args.regress) if args.regress else None
+    regs = {}
+    for path in args.regress:
+        model, info = load_regressor(path)
+        regs[f"regression, {info.get('steps')} steps"] = (model, info, path)
     unc = load_run(args.uncond) if args.uncond else None
     K = args.samples
     methods = {"biharmonic 2-D": biharmonic, BASELINE: biharmonic_3d}
-    if reg is not None:
-        methods["regression (encoder + head)"] = on_holes(lambda x, m: predict(reg[0], x, m))
+    for name, (model, _, _) in regs.items():
+        methods[name] = on_holes(lambda x, m, model=model: predict(model, x, m))
+    reg_grid = next(iter(regs), None)
     if unc is not None:
         unc.step = unc.step or unc.cfg.train.steps
         methods[f"unconditional, best of {args.rank}"] = on_holes(
@@ -303,8 +310,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     voided = truth.copy()
     voided[np.broadcast_to(masks[:, None], truth.shape)] = 128
-    cols = [voided] + [np.concatenate(fills[n]) for n in (BASELINE, "regression (encoder + head)", one, mean_k)
-                       if n in fills] + [truth]
+    cols = [voided] + [np.concatenate(fills[n]) for n in (BASELINE, reg_grid, one, mean_k) if n in fills] + [truth]
     rows = np.flatnonzero(has)
     rows = rows[np.linspace(0, len(rows) - 1, min(8, len(rows))).round().astype(int)]
     grid = np.stack([c[rows] for c in cols], 1).reshape(-1, *truth.shape[1:])
@@ -339,15 +345,14 @@ def main(argv=None) -> int:
              f"|error|, Pearson {unc_track['pixel_pearson']:.2f} (mean std {unc_track['mean_std']:.1f}, mean |error| "
              f"{unc_track['mean_abs_error']:.1f} grey levels).", "",
              f"- context model: {budget(ctx_run)} ({ctx_run.path})"]
-    if reg is not None:
-        i = reg[1]
-        lines.append(f"- regression encoder: {i.get('steps')} steps x batch {i.get('batch_size')}, lr {i.get('lr')}, "
+    for name, (_, i, path) in regs.items():
+        lines.append(f"- {name}: {i.get('steps')} steps x batch {i.get('batch_size')}, lr {i.get('lr')}, "
                      f"{i.get('loss_kind')} loss on the hole, {i.get('params', 0) / 1e6:.2f}M params, "
-                     f"{i.get('seconds', 0) / 60:.1f} min ({i.get('machine')}, {i.get('threads')} threads) ({args.regress})")
+                     f"{i.get('seconds', 0) / 60:.1f} min ({i.get('machine')}, {i.get('threads')} threads) ({path})")
     if unc is not None:
         lines.append(f"- unconditional model: {budget(unc)} ({unc.path})")
     lines += ["", f"Grid ({args.stem}_grid.png), per slice: voided | " + " | ".join(
-        n for n in (BASELINE, "regression (encoder + head)", one, mean_k) if n in fills) + " | truth"]
+        n for n in (BASELINE, reg_grid, one, mean_k) if n in fills) + " | truth"]
     write_results(args.out, args.stem, {"command": cmd, "volumes": [{k: v[k] for k in ("name", "z", "blob")} for v in vols],
                                         "n_slices": n_slices, "methods": res, "official": official,
                                         "uncertainty": unc_track, "samples": K}, "\n".join(lines) + "\n")
