@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pred", required=True, metavar="PRED", help="folder of <case>-t1n-inference.nii.gz volumes")
     p.add_argument("--data", required=True, metavar="CASES", help="folder of case folders with -t1n, -mask-healthy")
     p.add_argument("--csv", metavar="PATH", help="per-case scores (default PRED/brats_scores.csv)")
+    p.add_argument("--slice-axis", type=int, choices=(0, 1, 2), default=0,
+                   help="array axis across the SSIM planes: 0 (default) = the organisers' sagittal planes; 2 = "
+                        "axial planes, for slabs thinner than the 11-voxel SSIM window")
     p.add_argument("--json", metavar="OUT", help="also write the full result (per-case values included) to this JSON file")
     return ap
 
@@ -247,7 +250,7 @@ def cmd_report(a) -> int:
 
 def cmd_brats(a) -> int:
     from imggen.eval.brats_eval import evaluate, table
-    res = evaluate(a.pred, a.data, csv_path=a.csv)
+    res = evaluate(a.pred, a.data, csv_path=a.csv, slice_axis=a.slice_axis)
     print(table(res))
     skipped = [f"{len(res[k])} {what}" for k, what in (("without_prediction", "case(s) without a prediction"),
                                                         ("failed", "case(s) failed"),

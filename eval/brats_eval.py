@@ -41,8 +41,9 @@ def find_prediction(pred_dir: Path, case: str) -> Path | None:
     return None
 
 
-def score_case(case: Path, pred: Path) -> dict:
-    """The organisers' metrics of one case folder against prediction `pred` (DataError naming files)."""
+def score_case(case: Path, pred: Path, slice_axis: int = 0) -> dict:
+    """The organisers' metrics of one case folder against prediction `pred` (DataError naming files);
+    `slice_axis`: the SSIM planes (0 = the organisers' sagittal planes; 2 = axial, for thin slabs)."""
     from imggen.datasets.brats import _case_files
     from imggen.eval.metrics import brats_inpainting_metrics
 
@@ -62,7 +63,7 @@ def score_case(case: Path, pred: Path) -> dict:
                         f"voxel grid (write it with sample.py --brats)")
     if not healthy.any():
         raise DataError(f"{files['mask-healthy']}: the healthy mask is empty: no voxels to score")
-    return brats_inpainting_metrics(p, gt, healthy, voided)
+    return brats_inpainting_metrics(p, gt, healthy, voided, slice_axis=slice_axis)
 
 
 def interval(values: np.ndarray, resamples: int = 1000, seed: int = 0) -> tuple[float, float] | None:
@@ -76,7 +77,7 @@ def interval(values: np.ndarray, resamples: int = 1000, seed: int = 0) -> tuple[
     return float(lo), float(hi)
 
 
-def evaluate(pred_dir, data_dir, csv_path=None, progress: bool = True) -> dict:
+def evaluate(pred_dir, data_dir, csv_path=None, progress: bool = True, slice_axis: int = 0) -> dict:
     """Score every case; returns {"cases": [...], "mean": {...}, "ci95": {...}, "failed": [...], ...}."""
     from tqdm import tqdm
 
@@ -97,7 +98,7 @@ def evaluate(pred_dir, data_dir, csv_path=None, progress: bool = True) -> dict:
             no_pred.append(case.name)
             continue
         try:
-            rows.append({"case": case.name, **score_case(case, pred)})
+            rows.append({"case": case.name, **score_case(case, pred, slice_axis)})
         except ImggenError as e:
             failed.append(case.name)
             print(f"error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)

@@ -96,3 +96,21 @@ def test_nothing_to_score_is_one_line(tmp_path, capsys):
     rc = main(["brats", "--pred", str(tmp_path / "pred"), "--data", str(tmp_path / "cases")])
     err = capsys.readouterr().err
     assert rc == 2 and "without a prediction" in err and len(err.strip().splitlines()) == 1
+
+
+def test_slice_axis_picks_the_ssim_planes(tmp_path):
+    rng = np.random.default_rng(1)
+    data, pred = tmp_path / "cases", tmp_path / "pred"
+    pred.mkdir()
+    t1, healthy, voided = make_case(data, "BraTS-GLI-00001-000", rng)
+    noisy = t1 + rng.normal(0, 50, t1.shape).astype(np.float32)
+    save(pred / "BraTS-GLI-00001-000-t1n-inference.nii.gz", noisy)
+    got = {}
+    for axis in (0, 2):
+        rc = main(["brats", "--pred", str(pred), "--data", str(data), "--slice-axis", str(axis),
+                   "--json", str(tmp_path / f"r{axis}.json")])
+        assert rc == 0
+        got[axis] = json.loads((tmp_path / f"r{axis}.json").read_text())["mean"]
+        want = brats_inpainting_metrics(noisy, t1, healthy, voided, slice_axis=axis)
+        assert math.isclose(got[axis]["ssim"], want["ssim"], rel_tol=1e-6)
+    assert got[0]["ssim"] != got[2]["ssim"] and got[0]["psnr"] == got[2]["psnr"]  # planes change SSIM only
