@@ -161,7 +161,9 @@ def load_data(cfg: Config, progress: bool = True):
             imgs, masks = imgs[: cfg.data.limit], None if masks is None else masks[: cfg.data.limit]
         if len(imgs) == 0:
             raise ConfigError(f"the {name} split of --data {cfg.data.spec} is empty; use more data")
-        splits[name] = tokenize(imgs, m.bits, shape=m.shape).to(torch.uint8)
+        # lazy data (imggen.datasets.lazy, e.g. --data moses): drawn and tokenised per batch
+        splits[name] = imgs.tokens(m.bits, m.shape) if getattr(imgs, "is_lazy", False) else \
+            tokenize(imgs, m.bits, shape=m.shape).to(torch.uint8)
         if masks is not None:
             splits[name + "_masks"] = np.asarray(masks).reshape(len(imgs), m.height, m.width).astype(bool)
     return splits, data
@@ -430,7 +432,8 @@ def finish(run: Run, logger: Logger, train_s: float) -> dict:
     cfg = run.cfg
     if run.main:
         test = evaluate(run, "test")
-        uni = unigram_bpd(run.splits["train"], cfg.model.vocab)
+        train = run.splits["train"]  # lazy data: the unigram entropy of a fixed sample of it
+        uni = unigram_bpd(train.sample() if getattr(train, "is_lazy", False) else train, cfg.model.vocab)
         if "val_bpd" not in run.metrics:  # a --resume that only finishes the run (--steps at its step)
             run.metrics["val_bpd"] = evaluate(run, "val", cfg.train.eval_images)
         run.metrics.update(test_bpd=test, unigram_bpd=uni, steps=run.step)
