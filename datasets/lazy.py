@@ -132,14 +132,15 @@ class LazyMolecules:
     def __repr__(self) -> str:
         return f"LazyMolecules({len(self)} molecules, style {self.style.name} {self.style.height}x{self.style.width})"
 
-    def drawn(self, i: int) -> tuple[int, np.ndarray]:
-        """(index of the molecule drawn for i, its image): i, or the next drawable one."""
+    def drawn(self, i: int, count: bool = True) -> tuple[int, np.ndarray]:
+        """(index of the molecule drawn for i, its image): i, or the next drawable one (counted in
+        stats["substituted"] when `count`)."""
         n = len(self.smiles)
         for k in range(min(n, MAX_SUBSTITUTE)):
             j = (i + k) % n
             img = self.cache.get(self.smiles[j])
             if img is not None:
-                if k:
+                if k and count:
                     self.stats["substituted"] += 1
                 return j, img
         raise DataError(f"{MAX_SUBSTITUTE if n > MAX_SUBSTITUTE else n} molecules in a row from index {i} cannot be "
@@ -161,7 +162,7 @@ class LazyMolecules:
         return out
 
     def smiles_drawn(self, i: int) -> str:
-        return self.smiles[self.drawn(i)[0]]
+        return self.smiles[self.drawn(i, count=False)[0]]
 
     def tokens(self, bits: int, shape) -> "LazyTokens":
         return LazyTokens(self, bits, tuple(shape))
