@@ -191,3 +191,13 @@ def test_train_moses_steps2_cold_cache(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "1584663 train" in r.stdout
     assert took < 120, f"took {took:.0f} s"
+
+
+def test_train_cli_without_moses_is_one_line(tmp_path, monkeypatch, capsys):
+    """train.py --data moses with the files absent: one line naming the install command, exit 2."""
+    from imggen.cli import train_main
+    real = moses.find_moses_data
+    monkeypatch.setattr(moses, "find_moses_data", lambda search_path=None: real([tmp_path]))
+    rc = train_main(["--preset", "moses", "--data", "moses", "--steps", "1", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "pip install --no-deps molsets==0.3.1" in err[0], err
