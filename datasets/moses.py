@@ -1,7 +1,7 @@
 """The full MOSES benchmark (Polykovskiy et al. 2020) from the data files of the `molsets` wheel.
 
 `pip install --no-deps molsets==0.3.1` installs them offline: moses/dataset/data/{train,test,
-test_scaffolds}.csv.gz (1,584,663 train SMILES, 176,074 test, 176,226 scaffold test; MIT licence).
+test_scaffolds}.csv.gz (1,584,663 train SMILES, 176,074 test, 176,225 scaffold test; MIT licence).
 They are found without importing `moses` (that needs pandas, torch versions of its own, ...).
 
 `--data moses` trains on all of MOSES train, drawn lazily (imggen.datasets.lazy: on access, with
