@@ -10,13 +10,15 @@ a PNG (lossless, so a cached image has the pixels of a fresh one) under
 written to a temporary file and renamed (atomic: concurrent readers and workers never see half a
 file). A molecule that cannot be drawn (invalid, or too large for the fixed bond length) gets a
 `.skip` marker and is replaced by the next drawable one (index i+1, i+2, ...); `stats` counts the
-substitutions. `LazyTokens` is the same, tokenised per batch for training (imggen.training.load_data).
+substitutions. A batch is drawn by `workers` threads (RDKit releases the GIL while it draws). `LazyTokens` is the same, tokenised per batch for training (imggen.training.load_data).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -26,6 +28,9 @@ from imggen.errors import DataError
 
 CACHE_VERSION = 1
 MAX_SUBSTITUTE = 256  # undrawable molecules in a row before giving up
+# threads drawing one batch: RDKit's drawing releases the GIL (160 molecules at 64 px: 0.91 s on one
+# thread, 0.48 s on two, on the 2-core box)
+WORKERS = min(4, os.cpu_count() or 1)
 
 
 def cache_root(cache_dir=None) -> Path:
@@ -49,6 +54,14 @@ class RenderCache:
         self.style, self.use_cache = style, use_cache
         self.root = style_dir(style, cache_dir)
         self.hits = self.misses = 0
+        self._lock = threading.Lock()
+
+    def _count(self, hit: bool) -> None:
+        with self._lock:
+            if hit:
+                self.hits += 1
+            else:
+                self.misses += 1
 
     def _path(self, smiles: str) -> Path:
         h = hashlib.sha256(smiles.encode()).hexdigest()[:32]
@@ -61,12 +74,12 @@ class RenderCache:
         if self.use_cache:
             img = self._read(png)
             if img is not None:
-                self.hits += 1
+                self._count(True)
                 return img
             if skip.is_file():
-                self.hits += 1
+                self._count(True)
                 return None
-        self.misses += 1
+        self._count(False)
         status, img = draw_one(smiles, self.style)
         if self.use_cache:
             self._write(png if status == OK else skip, img)
@@ -83,7 +96,7 @@ class RenderCache:
 
     def _write(self, path: Path, img) -> None:
         from PIL import Image
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             if img is None:
@@ -113,11 +126,13 @@ class LazyMolecules:
 
     is_lazy = True
 
-    def __init__(self, smiles, style, cache_dir=None, use_cache: bool = True, _cache=None, _stats=None):
+    def __init__(self, smiles, style, cache_dir=None, use_cache: bool = True, workers: int = WORKERS,
+                 _cache=None, _stats=None):
         self.smiles = smiles if isinstance(smiles, list) else list(smiles)
-        self.style = style
+        self.style, self.workers = style, workers
         self.cache = _cache or RenderCache(style, cache_dir, use_cache)
         self.stats = _stats if _stats is not None else {"substituted": 0}
+        self._lock = threading.Lock()
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -141,7 +156,8 @@ class LazyMolecules:
             img = self.cache.get(self.smiles[j])
             if img is not None:
                 if k and count:
-                    self.stats["substituted"] += 1
+                    with self._lock:
+                        self.stats["substituted"] += 1
                 return j, img
         raise DataError(f"{MAX_SUBSTITUTE if n > MAX_SUBSTITUTE else n} molecules in a row from index {i} cannot be "
                         f"drawn at {self.style.height}x{self.style.width} (style {self.style.name}): invalid SMILES "
@@ -150,15 +166,23 @@ class LazyMolecules:
     def __getitem__(self, key):
         n = len(self.smiles)
         if isinstance(key, slice):
-            return LazyMolecules(self.smiles[key], self.style, _cache=self.cache, _stats=self.stats)
+            return LazyMolecules(self.smiles[key], self.style, workers=self.workers, _cache=self.cache,
+                                 _stats=self.stats)
         if isinstance(key, (int, np.integer)):
             if not -n <= key < n:
                 raise IndexError(f"index {key} out of range for {n} molecules")
             return self.drawn(int(key) % n)[1][None]
         idx = _indices(key, n)
         out = np.empty((len(idx), 1, self.style.height, self.style.width), np.uint8)
-        for r, i in enumerate(idx):
-            out[r, 0] = self.drawn(int(i))[1]
+
+        def fill(r):
+            out[r, 0] = self.drawn(int(idx[r]))[1]
+        if self.workers > 1 and len(idx) > 1:
+            with ThreadPoolExecutor(min(self.workers, len(idx))) as pool:
+                list(pool.map(fill, range(len(idx))))
+        else:
+            for r in range(len(idx)):
+                fill(r)
         return out
 
     def smiles_drawn(self, i: int) -> str:

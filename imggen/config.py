@@ -223,9 +223,9 @@ PRESETS: dict[str, dict] = {
                               ckpt_every=1000, sample_every=5000),
                    data=dict(spec="molecules")),
     # full MOSES (--data moses, drawn lazily) at a size a shared 2-core CPU trains (a step of 8 images
-    # ~10-20 s). OSRA reads 64 px drawings poorly (recognised 0.33, sanitises 0.27 on 20 MOSES test
-    # molecules; 96 px 0.88 / 0.47; 128 px 0.99 / 0.74, bench/RESULTS.md section 5): molecules that
-    # read back need moses256 (exact match 0.81), i.e. a GPU
+    # ~10-20 s; at 128 px ~65 s). OSRA cannot judge 64 px drawings: MOSES-valid read-backs of true
+    # drawings 0.13 at 64 px and 128 px, 0.53 at 192, 0.87 at 256 (bench/RESULTS.md section 10, no
+    # drawing style does better below 192 px): molecules that read back need moses256, i.e. a GPU
     "moses": dict(model=dict(height=64, width=64, channels=1, bits=8, dim=64, layers=4, heads=2,
                              attention="local2d,band", radius=3, window=256),
                   train=dict(steps=5000, batch_size=8, lr=2e-3, warmup=100, eval_every=500, eval_images=16,

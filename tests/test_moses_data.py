@@ -93,6 +93,15 @@ def test_render_cache_second_access_from_disk(tmp_path):
     assert np.array_equal(first, third)
 
 
+def test_threaded_batch_equals_serial(tmp_path):
+    style = M.style_for(64, 64)
+    idx = np.array([3, 1, 3, 0, 7, 5, 1, 2])  # repeats: two threads may draw and write one molecule at once
+    par = lazy.LazyMolecules(SAMPLE[:8], style, cache_dir=tmp_path / "a", workers=4)[idx]
+    ser = lazy.LazyMolecules(SAMPLE[:8], style, cache_dir=tmp_path / "b", workers=1)[idx]
+    assert np.array_equal(par, ser)
+    assert not list((tmp_path / "a").rglob("*.tmp"))
+
+
 def test_cache_dir_env(tmp_path, monkeypatch):
     monkeypatch.setenv("IMGGEN_CACHE_DIR", str(tmp_path / "c"))
     assert lazy.cache_root() == tmp_path / "c"
