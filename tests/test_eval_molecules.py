@@ -12,6 +12,12 @@ from imggen.eval.__main__ import main
 pytestmark = pytest.mark.skipif(shutil.which("osra") is None, reason="needs the osra binary")
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """Drawings and MOSES reference statistics go to a cache of the test's own."""
+    monkeypatch.setenv("IMGGEN_CACHE_DIR", str(tmp_path / "cache"))
+
+
 def _moses_or_skip():
     from imggen.datasets.moses import find_moses_data
     from imggen.errors import DataError
