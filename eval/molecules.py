@@ -153,17 +153,22 @@ def readback_picture(images, rows, path, show: int = SHOW, per_row: int = 4) -> 
     return str(path)
 
 
-def ceiling_smiles(num: int, height: int, width: int) -> list[str]:
-    """The first `num` molecules of MOSES test that can be drawn in the style of this size."""
+def ceiling_smiles(num: int, height: int, width: int, max_tries: int | None = None) -> list[str]:
+    """The first `num` molecules of MOSES test that can be drawn in the style of this size (looking
+    at no more than max_tries, default 20 * num + 100; DataError when none of them can be drawn)."""
     from imggen.datasets.molecules import OK, draw_one, style_for
     from imggen.datasets.moses import data_folder, read_split
     style = style_for(height, width)
+    tries = max_tries or 20 * num + 100
     out = []
-    for s in read_split(data_folder(), "test"):
+    for s in read_split(data_folder(), "test")[:tries]:
         if draw_one(s, style)[0] == OK:
             out.append(s)
             if len(out) == num:
                 break
+    if not out:
+        raise DataError(f"--ceiling: none of the first {tries} MOSES test molecules can be drawn at {height}x{width} "
+                        f"(style {style.name}); use larger drawings or --ceiling 0")
     return out
 
 
@@ -205,6 +210,8 @@ def run_molecules(images, names, *, out, ceiling: int = 0, ref_num: int = REF_NU
         c.pop("canonical")
         c["size"] = [h, w]
         res["ceiling"] = c
+        if c["n"] < ceiling:
+            notes.append(f"ceiling: only {c['n']} of the first MOSES test molecules tried fit {h}x{w}")
     res["baselines"] = BASELINES
     res["notes"] = notes
     return res
