@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 

@@ -1,5 +1,4 @@
 """Presets moses (CPU) and moses256: valid configs, data spec moses, decode caches bounded by eviction."""
-import os
 import time
 
 import pytest
