@@ -185,6 +185,11 @@ class LazyMolecules:
                 fill(r)
         return out
 
+    def __array__(self, dtype=None, copy=None):
+        """All drawings as one array (np.asarray of a view, e.g. `eval bpd --split train --limit 8`)."""
+        out = self[np.arange(len(self))]
+        return out if dtype is None else out.astype(dtype)
+
     def smiles_drawn(self, i: int) -> str:
         return self.smiles[self.drawn(i, count=False)[0]]
 

@@ -120,6 +120,7 @@ def test_lazy_indexing_and_substitution(tmp_path):
     assert lm.smiles_drawn(1) == "c1ccccc1" and lm.stats["substituted"] == 1
     view = lm[1:]
     assert isinstance(view, lazy.LazyMolecules) and len(view) == 2
+    assert np.array_equal(np.asarray(view), lm[np.array([1, 2])])  # e.g. eval bpd --split train --limit N
     assert (tmp_path.rglob("*.skip").__next__()).stat().st_size == 0
     with pytest.raises(IndexError):
         lm[np.array([3])]
@@ -152,6 +153,13 @@ def test_load_fake_moses_splits(tmp_path):
     assert np.array_equal(s.test[0, 0], M.draw_one(s.meta["smiles"]["test"][0], st)[1])
     with pytest.raises(DataError, match="grayscale"):
         load_dataset(f"moses:{data}", height=64, width=64, channels=3)
+    # evaluation on the lazy train split: a --limit of it, as an array
+    from imggen.errors import ConfigError
+    from imggen.eval.run import split_images
+    part = split_images(s, "train", 3)
+    assert isinstance(part, np.ndarray) and part.shape == (3, 1, 64, 64)
+    with pytest.raises(ConfigError, match="--limit N"):
+        split_images(s, "train", None)
 
 
 def test_molecules_csv_gz(tmp_path):
