@@ -217,7 +217,8 @@ def _draw_chunk(args):
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("IMGGEN_CACHE") or Path.home() / ".cache" / "imggen")
+    """$IMGGEN_CACHE_DIR, else $IMGGEN_CACHE (older name), else ~/.cache/imggen."""
+    return Path(os.environ.get("IMGGEN_CACHE_DIR") or os.environ.get("IMGGEN_CACHE") or Path.home() / ".cache" / "imggen")
 
 
 def _cache_key(smiles: list[str], style: MolStyle) -> str:

@@ -1,4 +1,4 @@
-"""`python -m imggen.eval bpd|inpaint|fid|atoms|report|brats ...` (console script: imggen-eval).
+"""`python -m imggen.eval bpd|inpaint|fid|atoms|molecules|report|brats ...` (console script: imggen-eval).
 
 Every subcommand prints a short human summary; --json (bpd, fid, atoms) or the output folder
 (inpaint, report) holds the full results. A bad flag or value is one line on stderr, exit code 2.
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = Parser(prog=PROG, description="Evaluate imggen models: bits/dim, inpainting, FID, atom-bond "
                                         "accuracy, and a full report of a run directory.")
     sub = ap.add_subparsers(dest="cmd", metavar="SUBCOMMAND", parser_class=Parser,
-                            help="bpd | inpaint | fid | atoms | report | brats (each has --help)")
+                            help="bpd | inpaint | fid | atoms | molecules | report | brats (each has --help)")
     sub.required = True
     dev = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -100,6 +100,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=positive_int, default=128, help="image side for --calibrate (default 128)")
     p.add_argument("--num", type=positive_int, default=16, help="images to sample / SMILES to calibrate on (default 16)")
     p.add_argument("--num-ref", type=positive_int, help="reference test SMILES for the ceiling (default --num)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--device", type=device_arg, default=dev, help=f"torch device (default {dev})")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="sampling batch size (default 16)")
+    p.add_argument("--json", metavar="OUT", help="also write the result to this JSON file")
+
+    p = sub.add_parser("molecules", help="read drawings back with OSRA and score them like a molecule generator (MOSES)",
+                       description="Read every drawing back with OSRA and report MOSES's metrics (validity, unique, "
+                                   "novelty vs MOSES train, IntDiv, SNN/Frag/Scaf vs MOSES test) and the atom-bond "
+                                   "accuracy, beside the ceiling of true drawings (--ceiling) and MOSES's baselines. "
+                                   "Needs the MOSES data files: pip install --no-deps molsets==0.3.1")
+    p.add_argument("--checkpoint", metavar="RUN", help="molecule run directory: sample --num drawings from it")
+    p.add_argument("--images", metavar="DIR", help="score the PNG drawings of this folder instead")
+    p.add_argument("--num", type=positive_int, default=16, help="drawings to sample with --checkpoint (default 16)")
+    p.add_argument("--ceiling", type=_nonneg_int, default=0,
+                   help="also read back true drawings of the first N drawable MOSES test molecules in the same "
+                        "style (0: none; default 0)")
+    p.add_argument("--k", type=positive_int, default=10000, help="unique@k over the first k valid molecules (default 10000)")
+    p.add_argument("--ref-num", type=_nonneg_int, default=10000,
+                   help="MOSES test molecules for SNN/Frag/Scaf (0: all 176,074; default 10000, cached after the first run)")
+    p.add_argument("--out", metavar="DIR", help="folder for readback.png and readback.log "
+                                                "(default RUN/molecules, or DIR-readback beside --images DIR)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--device", type=device_arg, default=dev, help=f"torch device (default {dev})")
     p.add_argument("--batch-size", type=positive_int, default=16, help="sampling batch size (default 16)")
@@ -235,6 +256,36 @@ def cmd_atoms(a) -> int:
     return 0
 
 
+def cmd_molecules(a) -> int:
+    from imggen.eval.molecules import run_molecules, table
+    if bool(a.checkpoint) == bool(a.images):
+        raise ConfigError("molecules needs --checkpoint RUN [--num N] or --images DIR (one of them)")
+    if a.images:
+        from imggen.eval.molecules import load_pngs
+        names, images = load_pngs(a.images)
+        out = a.out or os.path.normpath(a.images) + "-readback"
+    else:
+        from imggen.eval.run import load_run
+        from imggen.eval.runners import sample_images
+        run = load_run(a.checkpoint, a.device)
+        if run.cfg.model.channels != 1:
+            raise ConfigError(f"molecules needs a grayscale molecule model (channels 1); {a.checkpoint} has "
+                              f"{run.cfg.model.channels} channels")
+        from imggen.datasets.moses import data_folder
+        data_folder()  # the MOSES files are there, before sampling
+        imgs, _ = sample_images(run, a.num, seed=a.seed, batch_size=a.batch_size)
+        images, names = [x[0] for x in imgs], [f"sample{i:05d}" for i in range(len(imgs))]
+        out = a.out or os.path.join(run.run_dir or os.path.dirname(run.ckpt), "molecules")
+    res = run_molecules(images, names, out=out, ceiling=a.ceiling, ref_num=a.ref_num, k=a.k)
+    print(f"{res['n']} drawings read back by OSRA: {res['n_valid']} valid, {res['unreadable']} unreadable "
+          f"(one line each in {res['log']}); picture {res['picture']}")
+    for n in res["notes"]:
+        print(f"note: {n}")
+    print(table(res))
+    _write(res, a.json)
+    return 0
+
+
 def cmd_report(a) -> int:
     from imggen.eval.report import make_report
     rep = make_report(a.checkpoint, out=a.out, num=a.num, seed=a.seed, device=a.device, spec=a.data,
@@ -261,8 +312,8 @@ def cmd_brats(a) -> int:
     return 1 if res["failed"] else 0
 
 
-COMMANDS = {"bpd": cmd_bpd, "inpaint": cmd_inpaint, "fid": cmd_fid, "atoms": cmd_atoms, "report": cmd_report,
-            "brats": cmd_brats}
+COMMANDS = {"bpd": cmd_bpd, "inpaint": cmd_inpaint, "fid": cmd_fid, "atoms": cmd_atoms, "molecules": cmd_molecules,
+            "report": cmd_report, "brats": cmd_brats}
 
 
 def main(argv=None) -> int:

@@ -70,6 +70,11 @@ def split_images(data, name: str, limit: int | None):
         imgs = imgs[:limit]
     if len(imgs) == 0:
         raise DataError(f"the {name} split of the evaluation data is empty")
+    if getattr(imgs, "is_lazy", False):  # drawn on access (--data moses train): only a --limit of it
+        if limit is None:
+            raise ConfigError(f"the {name} split ({len(imgs):,} molecules) is drawn on access; evaluate a part "
+                              f"of it with --limit N")
+        imgs = np.asarray(imgs)
     return imgs
 
 

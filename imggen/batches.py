@@ -25,7 +25,9 @@ def load_data(cfg: Config, progress: bool = True):
             imgs, masks = imgs[: cfg.data.limit], None if masks is None else masks[: cfg.data.limit]
         if len(imgs) == 0:
             raise ConfigError(f"the {name} split of --data {cfg.data.spec} is empty; use more data")
-        splits[name] = tokenize(imgs, m.bits, shape=m.shape).to(torch.uint8)
+        # lazy data (imggen.datasets.lazy, e.g. --data moses): drawn and tokenised per batch
+        splits[name] = imgs.tokens(m.bits, m.shape) if getattr(imgs, "is_lazy", False) else \
+            tokenize(imgs, m.bits, shape=m.shape).to(torch.uint8)
         if masks is not None:
             splits[name + "_masks"] = np.asarray(masks).reshape(len(imgs), m.height, m.width).astype(bool)
     return splits, data

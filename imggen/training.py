@@ -315,7 +315,8 @@ def finish(run: Run, logger: Logger, train_s: float) -> dict:
     cfg = run.cfg
     if run.main:
         test = evaluate(run, "test")
-        uni = unigram_bpd(run.splits["train"], cfg.model.vocab)
+        train = run.splits["train"]  # lazy data: the unigram entropy of a fixed sample of it
+        uni = unigram_bpd(train.sample() if getattr(train, "is_lazy", False) else train, cfg.model.vocab)
         if "val_bpd" not in run.metrics:  # a --resume that only finishes the run (--steps at its step)
             run.metrics["val_bpd"] = evaluate(run, "val", cfg.train.eval_images)
         run.metrics.update(test_bpd=test, unigram_bpd=uni, steps=run.step)
