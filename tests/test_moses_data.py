@@ -170,17 +170,23 @@ def test_molecules_csv_gz(tmp_path):
     assert len(s.train) + len(s.val) + len(s.test) >= 5
 
 
+def moses_config(name: str, data, overrides: dict):
+    """Preset `name` reading the MOSES folder `data`, with --model/--train/--data overrides."""
+    from imggen.config import apply_override, preset
+    cfg = preset(name)
+    cfg.data.spec = f"moses:{data}"
+    for k, v in overrides.items():
+        apply_override(cfg, k, str(v))
+    return cfg
+
+
 def test_train_two_steps_on_fake_moses(tmp_path):
     """The training hook: lazy train split, tokenised per batch (tiny model, fake MOSES folder)."""
-    from imggen.config import apply_override, preset
     from imggen.training import train
     site, data = fake_site(tmp_path)
-    cfg = preset("moses")
-    cfg.data.spec = f"moses:{data}"
-    for k, v in {"model.layers": "1", "model.dim": "16", "model.heads": "1", "model.height": "32",
-                 "model.width": "32", "train.steps": "2", "train.eval_images": "2",
-                 "train.grid_time_frac": "0"}.items():
-        apply_override(cfg, k, v)
+    cfg = moses_config("moses", data, {"model.layers": 1, "model.dim": 16, "model.heads": 1, "model.height": 32,
+                                       "model.width": 32, "train.steps": 2, "train.eval_images": 2,
+                                       "train.grid_time_frac": 0})
     os.environ["IMGGEN_CACHE_DIR"] = str(tmp_path / "cache")
     try:
         m = train(cfg, str(tmp_path / "run"), progress=False, device="cpu")

@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from imggen.config import apply_override, preset
+from imggen.config import preset
 
 
 @pytest.mark.parametrize("name,side", [("moses", 64), ("moses256", 256)])
@@ -31,19 +31,16 @@ def test_moses256_decode_caches_are_bounded():
 def test_moses256_smoke_two_steps_and_one_drawing(tmp_path, monkeypatch):
     """moses256 with a tiny model on CPU: 2 training steps on (fake) MOSES, then one sampled drawing
     (65,536 decode steps, ~2-3 min on a shared 2-core CPU)."""
-    from test_moses_data import fake_site
+    from test_moses_data import fake_site, moses_config
 
     import imggen
     from imggen.training import train
     torch.set_num_threads(1)
     _, data = fake_site(tmp_path)
     monkeypatch.setenv("IMGGEN_CACHE_DIR", str(tmp_path / "cache"))
-    cfg = preset("moses256")
-    cfg.data.spec = f"moses:{data}"
-    for k, v in {"model.layers": "1", "model.dim": "32", "model.heads": "1", "train.steps": "2",
-                 "train.batch_size": "1", "train.eval_images": "1", "train.grid_time_frac": "0",
-                 "data.limit": "2"}.items():
-        apply_override(cfg, k, v)
+    cfg = moses_config("moses256", data, {"model.layers": 1, "model.dim": 32, "model.heads": 1, "train.steps": 2,
+                                          "train.batch_size": 1, "train.eval_images": 1,
+                                          "train.grid_time_frac": 0, "data.limit": 2})
     m = train(cfg, str(tmp_path / "run"), progress=False, device="cpu")
     assert m["steps"] == 2
     model = imggen.load_model(str(tmp_path / "run"))
