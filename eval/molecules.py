@@ -79,7 +79,35 @@ def score(rows, train=None, ref=None, k=None) -> dict:
         res[key] = float(np.mean(vals)) if len(vals) == len(rows) else None
     # an atom counts when its valence is allowed; a bond when its type is: the mean of the two shares
     res["atom_bond_accuracy"] = (res["atom_valence_ok"] + res["bond_ok"]) / 2
+    res["intervals"] = intervals(rows)
     return res
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion k/n (sensible at 0 and n, unlike the bootstrap)."""
+    if n <= 0:
+        raise ValueError("a proportion of 0 drawings has no interval")
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
+def per_drawing(rows) -> dict[str, np.ndarray]:
+    """Per drawing: valid (0/1) and its atom-bond accuracy (mean of its atom and bond shares)."""
+    from imggen.eval.moses_metrics import is_valid
+    return {"valid": np.array([float(is_valid(r["osra_smiles"])) for r in rows]),
+            "atom_bond_accuracy": np.array([(r["atom_valence_ok"] + r["bond_ok"]) / 2 for r in rows])}
+
+
+def intervals(rows, resamples: int = 2000, seed: int = 0) -> dict:
+    """95% intervals over drawings: Wilson for validity, percentile bootstrap for atom-bond accuracy."""
+    from imggen.eval.bpd import bootstrap_ci
+    d = per_drawing(rows)
+    out = {"validity": wilson(int(d["valid"].sum()), len(rows))}
+    ab = d["atom_bond_accuracy"]
+    out["atom_bond_accuracy"] = bootstrap_ci(ab, resamples, seed) if len(ab) > 1 else None
+    return out
 
 
 def log_invalid(names, rows, path=None) -> list[str]:
@@ -191,8 +219,10 @@ def run_molecules(images, names, *, out, ceiling: int = 0, ref_num: int = REF_NU
     os.makedirs(out, exist_ok=True)
     lines = log_invalid(names, rows, Path(out) / "readback.log")
     res = score(rows, train, ref, k)
-    res["per_image"] = [{"name": n, "osra_status": r["osra_status"], "osra_smiles": r["osra_smiles"]}
-                        for n, r in zip(names, rows)]
+    flags = per_drawing(rows)
+    res["per_image"] = [{"name": n, "osra_status": r["osra_status"], "osra_smiles": r["osra_smiles"],
+                         "valid": bool(v), "atom_bond_accuracy": float(a)}
+                        for n, r, v, a in zip(names, rows, flags["valid"], flags["atom_bond_accuracy"])]
     res.pop("canonical")
     res["unreadable"] = len(lines)
     res["picture"] = readback_picture(images, rows, Path(out) / "readback.png")
@@ -223,12 +253,17 @@ def table(res: dict) -> str:
 
     def f(v):
         return "n/a" if v is None or (isinstance(v, float) and not np.isfinite(v)) else f"{v:.3f}"
+
+    def ci(r, key):
+        lohi = r.get("intervals", {}).get(key)
+        return f" ({lohi[0]:.3f}-{lohi[1]:.3f})" if lohi else ""
     c = res.get("ceiling")
     head = ["metric", f"drawings (n={res['n']})"] + ([f"ceiling (n={c['n']})"] if c else []) + list(BASELINES)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key, label in ROWS:
         if key == "unique":
             label = f"unique@{res['unique_k']}"
-        vals = [f(res.get(key))] + ([f(c.get(key))] if c else []) + [f(b.get(key)) for b in BASELINES.values()]
+        vals = [f(r.get(key)) + ci(r, key) for r in [res] + ([c] if c else [])]
+        vals += [f(b.get(key)) for b in BASELINES.values()]
         lines.append(f"| {label} | " + " | ".join(vals) + " |")
     return "\n".join(lines)

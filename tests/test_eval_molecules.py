@@ -77,6 +77,9 @@ def test_noise_images_validity_zero_one_line_each(tmp_path, capsys):
     assert rc == 0, err
     res = json.loads((tmp_path / "n.json").read_text())
     assert res["n"] == 4 and res["validity"] == 0.0 and res["novelty"] is None
+    lo, hi = res["intervals"]["validity"]  # Wilson: 0 of 4 is not "exactly 0" (upper bound 0.49)
+    assert lo == 0.0 and hi == pytest.approx(1.96 ** 2 / (4 + 1.96 ** 2))
+    assert [r["valid"] for r in res["per_image"]] == [False] * 4
     lines = [line for line in err.splitlines() if line.startswith("unreadable drawing")]
     assert len(lines) == 4 and sorted(line.split()[2] for line in lines) == ["blank.png:", "n0.png:", "n1.png:",
                                                                                 "n2.png:"]

@@ -93,3 +93,31 @@ def test_molecule_metrics_together(tmp_path):
     assert len(list(tmp_path.glob("moses-ref-*.npz"))) == 1
     noise = mm.molecule_metrics(["", "", "C.C"], train={"CCO"})
     assert noise["validity"] == 0 and math.isnan(noise["novelty"])
+
+
+def test_wilson_interval_by_hand():
+    from imggen.eval.molecules import wilson
+    lo, hi = wilson(5, 10)  # textbook value for 5 of 10
+    assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
+    assert wilson(0, 10) == (0.0, pytest.approx(1.96 ** 2 / (10 + 1.96 ** 2)))
+    lo, hi = wilson(10, 10)
+    assert hi == 1.0 and lo == pytest.approx(10 / (10 + 1.96 ** 2))
+    with pytest.raises(ValueError):
+        wilson(0, 0)
+
+
+def test_intervals_of_per_drawing_rows():
+    """validity's interval counts valid read-backs; atom-bond accuracy's brackets the per-drawing mean."""
+    from imggen.eval.molecules import intervals, per_drawing
+    rows = [{"osra_smiles": "CCO", "atom_valence_ok": 1.0, "bond_ok": 1.0},
+            {"osra_smiles": "", "atom_valence_ok": 0.0, "bond_ok": 0.0},
+            {"osra_smiles": "C*C", "atom_valence_ok": 0.5, "bond_ok": 1.0},
+            {"osra_smiles": "CC.O", "atom_valence_ok": 1.0, "bond_ok": 0.5}]
+    d = per_drawing(rows)
+    assert d["valid"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert d["atom_bond_accuracy"].tolist() == [1.0, 0.0, 0.75, 0.75]
+    ci = intervals(rows)
+    from imggen.eval.molecules import wilson
+    assert ci["validity"] == wilson(1, 4)
+    lo, hi = ci["atom_bond_accuracy"]
+    assert 0.0 <= lo <= 0.625 <= hi <= 1.0
