@@ -100,17 +100,20 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", help="also write the markdown table here")
     a = ap.parse_args(argv)
+    from imggen.eval.molecules import wilson
     smiles = moses_test(a.seed, 20 * a.num)
     lines = [f"OSRA read-back of true drawings: first {a.num} drawable of a seeded (seed {a.seed}) sample of "
              f"MOSES test per cell; `python bench/osra_styles.py --num {a.num} --sizes {a.sizes} --styles {a.styles}`",
-             "", "| style | size | drawn/tried | recognised | exact match | sanitises | valid | bond-type agreement | s |",
+             "", "| style | size | drawn/tried | recognised | exact match | sanitises | valid (95% Wilson) | bond-type agreement | s |",
              "|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     for size in map(int, a.sizes.split(",")):
         for name in a.styles.split(","):
             r = cell(smiles, name, size, a.num, a.workers)
+            lo, hi = wilson(round(r["valid"] * r["drawn"]), r["drawn"]) if r["drawn"] else (0.0, 1.0)
             row = (f"| {name} | {size} | {r['drawn']}/{r['tried']} | {r['recognised']:.2f} | {r['exact_match']:.2f} | "
-                   f"{r['sanitises']:.2f} | {r['valid']:.2f} | {r['bond_type_agreement']:.2f} | {r['seconds']:.0f} |")
+                   f"{r['sanitises']:.2f} | {r['valid']:.2f} ({lo:.2f}-{hi:.2f}) | {r['bond_type_agreement']:.2f} | "
+                   f"{r['seconds']:.0f} |")
             lines.append(row)
             print(row, flush=True)
     if a.out:

@@ -239,16 +239,17 @@ PRESETS: dict[str, dict] = {
                               ckpt_every=1000, sample_every=5000),
                    data=dict(spec="molecules")),
     # full MOSES (--data moses, drawn lazily) at a size a shared 2-core CPU trains (a step of 8 images
-    # ~10-20 s; at 128 px ~65 s). OSRA cannot judge 64 px drawings: MOSES-valid read-backs of true
-    # drawings 0.13 at 64 px and 128 px, 0.53 at 192, 0.87 at 256 (bench/RESULTS.md section 10, no
-    # drawing style does better below 192 px): molecules that read back need moses256, i.e. a GPU
+    # ~3-7 s at 1 thread; at 128 px ~65 s). OSRA cannot judge 64 px drawings: MOSES-valid read-backs
+    # of true drawings 0.05 at 64 px, 0.23 at 128, 0.62 at 192, 0.86 at 256 (100 a size, bench/RESULTS.md
+    # section 11); the atom-level ceiling (sanitises, bond types) first passes 0.9 at 256 px: drawings
+    # that read back need moses256, i.e. a GPU
     "moses": dict(model=dict(height=64, width=64, channels=1, bits=8, dim=64, layers=4, heads=2,
                              attention="local2d,band", radius=3, window=256),
                   train=dict(steps=5000, batch_size=8, lr=2e-3, warmup=100, eval_every=500, eval_images=16,
                              ckpt_every=500, sample_num=4),
                   data=dict(spec="moses")),
-    # 256 px: OSRA reads atom labels (exact match 0.81); for a GPU. Decoding keeps only the band /
-    # local2d ring caches, so its memory does not grow with the 65,536-token sequence
+    # 256 px: OSRA reads atom labels (exact match 0.68, sanitises 0.94, bond types 0.96); for a GPU.
+    # Decoding keeps only the band / local2d ring caches, so its memory does not grow with the 65,536-token sequence
     "moses256": dict(model=dict(height=256, width=256, channels=1, bits=8, dim=256, layers=8, heads=8,
                                 attention="local2d,band", radius=4, window=1024),
                      train=dict(steps=50000, batch_size=8, lr=1e-3, warmup=500, eval_every=2000, eval_images=16,
