@@ -288,3 +288,43 @@ def test_demo_slices():
     # masks lie (almost) inside the brain: nearest-resized mask vs bilinear image
     x, m = s.train[:, 0], s.masks["train"][:, 0]
     assert (x[m] > 0).mean() > 0.97
+
+
+def test_slice_neighbours_by_volume_and_z():
+    # two volumes; slice z=3 of "a" is missing (dropped), so its neighbours read -1 there
+    vol, z = ["a", "a", "a", "b", "b", "a"], [1, 2, 4, 1, 2, 5]
+    n = brats.slice_neighbours(vol, z, 1)
+    assert n.tolist() == [[-1, 0, 1], [0, 1, -1], [-1, 2, 5], [-1, 3, 4], [3, 4, -1], [2, 5, -1]]
+    assert brats.slice_neighbours(vol, z, 0).tolist() == [[i] for i in range(6)]
+
+
+def test_demo_neighbours_same_volume_honest_and_one_blob():
+    s = 2
+    d = load_dataset("brats-demo", height=32, width=32, channels=1, seed=0, context_slices=s)
+    base = load_dataset("brats-demo", height=32, width=32, channels=1, seed=0)
+    zs = {k: np.asarray(v) for k, v in d.meta["slice"].items()}
+    held = np.concatenate([zs["val"], zs["test"]])
+    bank, _ = brats.demo_mask_bank(64)
+    for k in ("train", "val", "test"):
+        assert np.array_equal(d.split(k), base.split(k)) and np.array_equal(d.masks[k], base.masks[k])
+        nb, nm = d.neighbours[k], d.neighbour_masks[k]
+        case, var, z = np.asarray(d.meta["case"][k]), np.asarray(d.meta["variant"][k]), zs[k]
+        assert nb.shape == (len(z), 2 * s + 1) and nm.shape == (len(z), 2 * s + 1, 32, 32)
+        assert np.array_equal(nb[:, s], np.arange(len(z))) and np.array_equal(nm[:, s], d.masks[k][:, 0])
+        for i in range(len(z)):
+            for j, dz in enumerate(range(-s, s + 1)):
+                same = np.flatnonzero((case == case[i]) & (var == var[i]) & (z == z[i] + dz))
+                assert nb[i, j] == (same[0] if len(same) else -1)  # same slab and variant, z + d; else -1
+        assert (nb[:, 0] == -1).any()  # slab edges
+        if k == "train":  # no training slice's neighbour comes near a held-out slice (gap 10 - s)
+            near = z[np.clip(nb, 0, None)][nb >= 0]
+            assert np.abs(near[:, None] - held[None]).min() >= brats.DEMO_GAP
+        # a slice's neighbour masks are sections of one 3-D blob (flipped with a flipped variant)
+        for i in range(0, len(z), 7):
+            if not nm[i, s].any():
+                continue
+            t = int(np.flatnonzero(np.load(brats.DEMO_FILE)["z"] == z[i])[0])
+            cuts = [np.stack([brats._resize(b[:, :, t + dz], 32, 32, nearest=True) if 0 <= t + dz < b.shape[2]
+                              else np.zeros((32, 32), bool) for dz in range(-s, s + 1)]) for b in bank]
+            cuts = [c[:, :, ::-1] if var[i] == "flip" else c for c in cuts]
+            assert any(np.array_equal(nm[i], c) for c in cuts)
