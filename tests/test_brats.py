@@ -328,3 +328,29 @@ def test_demo_neighbours_same_volume_honest_and_one_blob():
                               else np.zeros((32, 32), bool) for dz in range(-s, s + 1)]) for b in bank]
             cuts = [c[:, :, ::-1] if var[i] == "flip" else c for c in cuts]
             assert any(np.array_equal(nm[i], c) for c in cuts)
+
+
+def test_25d_training_masks_keep_the_2d_draw_and_cut_cylinders():
+    from imggen.batches import load_data
+    from imggen.config import preset
+    from imggen.tasks import split_masks
+
+    cfg2, cfg25 = preset("brats-inpaint"), preset("brats-inpaint")
+    cfg25.model.context_slices = 1
+    two, _ = load_data(cfg2, progress=False)
+    sp, _ = load_data(cfg25, progress=False)
+    idx = np.arange(40, 56)
+    m2, none = split_masks(cfg2, two, "train", 16, step=3, idx=idx)
+    m25, stack = split_masks(cfg25, sp, "train", 16, step=3, idx=idx)
+    assert none is None and m25.shape == (16, 3, 32, 32) and stack.shape == (16, 3, 1, 32, 32)
+    assert np.array_equal(m25[:, 1], m2)  # the slices being filled get the masks a 2-D model gets
+    own = (m2 == sp["train_masks"][idx]).all((1, 2))
+    nb = sp["train_nbrs"][idx]
+    for i in range(16):
+        for d in (0, 2):
+            if nb[i, d] < 0:  # outside the volume: all unknown, zero image
+                assert m25[i, d].all() and not stack[i, d].any()
+            elif not own[i]:  # a random 2-D mask: the same on the neighbours (a cylinder)
+                assert np.array_equal(m25[i, d], m2[i])
+            else:  # the data's 3-D blob, cut at the neighbour
+                assert np.array_equal(m25[i, d], sp["train_nbr_masks"][idx[i], d])
