@@ -281,7 +281,7 @@ def main(argv=None) -> int:
     one25, mean25 = "2.5-D context, 1 sample", f"2.5-D context, mean of {K}"
     fills = {name: [] for name in [*methods, one, mean_k] + ([one25, mean25] if c25 is not None else [])}
     seconds = {name: 0.0 for name in fills}
-    all_draws = []
+    all_draws, draws25 = [], []
     for v in vols:
         x, m = v["images"], v["masks"]
         for name, fn in methods.items():
@@ -310,6 +310,7 @@ def main(argv=None) -> int:
             seconds[one25] += dt / K
             for name, f in zip((one25, mean25), point_fills(x, has, d25.numpy())):
                 fills[name].append(f)
+            draws25.append(d25.numpy())
             msg += f", 2.5-D context {dt:.0f} s"
         print(msg, flush=True)
 
@@ -336,6 +337,7 @@ def main(argv=None) -> int:
         for a, b in ((mean25, mean_k), (one25, one))}
     draws = np.concatenate(all_draws)
     unc_track = uncertainty_tracking(draws, truth[has], masks[has])
+    unc25 = uncertainty_tracking(np.concatenate(draws25), truth[has], masks[has]) if draws25 else None
 
     # the organisers' protocol: case folders + predictions, scored as `python -m imggen.eval brats` does
     cases_dir = os.path.join(args.work, "cases")
@@ -392,7 +394,10 @@ def main(argv=None) -> int:
              "", f"Context model's draws (K = {K}): per-slice std vs per-slice RMSE of the mean, Pearson "
              f"{unc_track['slice_pearson']:.2f}, Spearman {unc_track['slice_spearman']:.2f}; per hole pixel std vs "
              f"|error|, Pearson {unc_track['pixel_pearson']:.2f} (mean std {unc_track['mean_std']:.1f}, mean |error| "
-             f"{unc_track['mean_abs_error']:.1f} grey levels).", "",
+             f"{unc_track['mean_abs_error']:.1f} grey levels)." + ("" if unc25 is None else
+             f" 2.5-D context model's draws: Pearson {unc25['slice_pearson']:.2f}, Spearman "
+             f"{unc25['slice_spearman']:.2f}; per pixel {unc25['pixel_pearson']:.2f} (mean std {unc25['mean_std']:.1f}, "
+             f"mean |error| {unc25['mean_abs_error']:.1f})."), "",
              f"- context model: {budget(ctx_run)} ({ctx_run.path})"]
     for name, (_, i, path) in regs.items():
         lines.append(f"- {name}: {i.get('steps')} steps x batch {i.get('batch_size')}, lr {i.get('lr')}, "
@@ -407,7 +412,7 @@ def main(argv=None) -> int:
     write_results(args.out, args.stem, {"command": cmd, "volumes": [{k: v[k] for k in ("name", "z", "blob")} for v in vols],
                                         "n_slices": n_slices, "methods": res, "official": official,
                                         "uncertainty": unc_track, "samples": K, "context_mean_vs_regression": vs_reg,
-                                        "context25_vs_context": vs_2d}, "\n".join(lines) + "\n")
+                                        "context25_vs_context": vs_2d, "uncertainty25": unc25}, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
