@@ -354,3 +354,25 @@ def test_25d_training_masks_keep_the_2d_draw_and_cut_cylinders():
                 assert np.array_equal(m25[i, d], m2[i])
             else:  # the data's 3-D blob, cut at the neighbour
                 assert np.array_equal(m25[i, d], sp["train_nbr_masks"][idx[i], d])
+
+
+def test_real_brats_neighbours_are_the_case_slices_and_their_own_masks(tmp_path):
+    from imggen.tasks import neighbour_masks
+
+    rng = np.random.default_rng(0)
+    root = tmp_path / "BraTS2021"
+    for i in range(4):
+        make_case_2021(root, f"BraTS2021_{i:05d}", rng)
+    s = brats.load(root, height=16, width=12, channels=1, seed=1, modality="t1", inpainting=True, context_slices=1)
+    assert not s.neighbour_masks  # one 3-D mask per case: the neighbours' own masks are its sections
+    nb, case, z = s.neighbours["train"], s.meta["case"]["train"], s.meta["slice"]["train"]
+    for i in range(len(z)):
+        for j, dz in enumerate((-1, 0, 1)):
+            same = [k for k in range(len(z)) if case[k] == case[i] and z[k] == z[i] + dz]
+            assert nb[i, j] == (same[0] if same else -1)
+    assert (nb == -1).any()  # slices 1 and 6 are the ends of each case's brain
+    splits = {"train_masks": s.masks["train"][:, 0]}
+    got = neighbour_masks(splits, "train", np.arange(len(z)), nb, 16, 12)
+    for i in range(len(z)):
+        for j in range(3):
+            assert np.array_equal(got[i, j], s.masks["train"][nb[i, j], 0] if nb[i, j] >= 0 else np.ones((16, 12), bool))
