@@ -1,8 +1,8 @@
 """Inpainting side by side on held-out test volumes with tumour-sized 3-D holes (issue 28).
 
     python bench/inpaint.py --context runs/b64ctx --regress runs/b64reg/regress.pt [MORE.pt] [--uncond RUN --rank 8]
-        [--data brats-demo] [--samples 8] [--out bench/results] [--stem inpaint64] [--work runs/inpaint64]
-        [--seed 0] [--threads N]
+        [--context25 RUN] [--data brats-demo] [--samples 8] [--out bench/results] [--stem inpaint64]
+        [--work runs/inpaint64] [--seed 0] [--threads N]
 
 Test volumes: the test split's slices grouped by case (brats-demo: the held-out slab, >= 10 slices
 from every training slice) and variant, stacked in z order; the hole of each volume is one of the
@@ -12,7 +12,10 @@ of the slab, cut to it, so the hole is one coherent 3-D region as in the challen
 Methods: biharmonic slice by slice (2-D) and on the whole volume at once (3-D, skimage's
 inpaint_biharmonic is n-D); the regression-only encoder (imggen.regress: the challenge winners'
 recipe); the context model, one sample and the per-pixel mean of K draws (the same K draws: the
-1-sample time is their time / K); optionally the unconditional model, best of R by likelihood.
+1-sample time is their time / K); optionally the unconditional model, best of R by likelihood, and
+a 2.5-D context model (`--context25`, model.context_slices = s: each slice also sees the voided slices
+z-s..z+s of its volume with their holes, a slice outside the volume zero and all unknown), one sample
+and the mean of K, with its paired difference to the 2-D context model per slice.
 
 Scores: masked PSNR / SSIM per hole slice (imggen.eval.psnr / ssim), each method's paired
 difference to 3-D biharmonic with a 95% bootstrap interval over slices; the organisers' 3-D
@@ -96,6 +99,26 @@ def biharmonic_3d(images: np.ndarray, masks: np.ndarray) -> np.ndarray:
     keep = np.broadcast_to(~masks[:, None], images.shape)
     out[keep] = images[keep]
     return out
+
+
+def point_fills(x: np.ndarray, has: np.ndarray, draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The volume with its hole slices filled by the first draw, and by the rounded mean of the draws."""
+    f1, fm = x.copy(), x.copy()
+    f1[has] = draws[:, 0]
+    fm[has] = np.clip(np.round(draws.astype(np.float64).mean(1)), 0, 255).astype(np.uint8)
+    return f1, fm
+
+
+def volume_context(model, images: np.ndarray, masks: np.ndarray) -> torch.Tensor:
+    """A 2.5-D context model's context of every slice of a volume, uint8 (Z, C, H, W) with holes
+    (Z, H, W): the voided slices z-s..z+s with their holes, one outside the volume zero and all unknown."""
+    from imggen.context import slice_stacks
+
+    s, z = model.config.context_slices, len(images)
+    nbrs = np.arange(z)[:, None] + np.arange(-s, s + 1)[None]
+    nbrs = np.where((nbrs >= 0) & (nbrs < z), nbrs, -1)
+    stack, stack_masks = slice_stacks(torch.from_numpy(images), nbrs, masks[np.clip(nbrs, 0, None)])
+    return model.make_context(stack, stack_masks)
 
 
 # ------------------------------------------------------------------------------------------ scores
@@ -195,6 +218,7 @@ def main(argv=None) -> int:
                     help="regress.pt file(s) of bench/train_regress.py (the regression-only encoder; the first is "
                          "the one in the grid)")
     ap.add_argument("--uncond", help="run directory of an unconditional model (optional)")
+    ap.add_argument("--context25", help="run directory of a 2.5-D context model (model.context_slices > 0; optional)")
     ap.add_argument("--data", help="data spec (default: the context model's)")
     ap.add_argument("--split", default="test")
     ap.add_argument("--rank", type=int, default=8, help="candidates per slice for the unconditional model")
@@ -220,6 +244,9 @@ def main(argv=None) -> int:
     ctx_run = load_run(args.context)
     ctx_run.step = ctx_run.step or ctx_run.cfg.train.steps
     cfg = ctx_run.cfg.model
+    c25 = load_run(args.context25) if args.context25 else None
+    if cfg.context_slices or (c25 is not None and not c25.cfg.model.context_slices):
+        ap.error("--context takes a 2-D context model (model.context_slices 0), --context25 a 2.5-D one (> 0)")
     data = load_data(ctx_run.cfg, args.data)
     bank, bank_z = demo_mask_bank(64 if max(cfg.height, cfg.width) <= 64 else 128)
     vols = test_volumes(data, bank, bank_z, args.split, args.seed)[: args.volumes]
@@ -251,9 +278,10 @@ def main(argv=None) -> int:
             lambda x, m: inpaint_images(unc.model, torch.from_numpy(x), torch.from_numpy(m), rank=args.rank,
                                         seed=args.seed, batch_size=args.batch_size)[0][:, 0].numpy())
     one, mean_k = "context, 1 sample", f"context, mean of {K}"
-    fills = {name: [] for name in [*methods, one, mean_k]}
+    one25, mean25 = "2.5-D context, 1 sample", f"2.5-D context, mean of {K}"
+    fills = {name: [] for name in [*methods, one, mean_k] + ([one25, mean25] if c25 is not None else [])}
     seconds = {name: 0.0 for name in fills}
-    all_draws = []
+    all_draws, draws25 = [], []
     for v in vols:
         x, m = v["images"], v["masks"]
         for name, fn in methods.items():
@@ -268,13 +296,23 @@ def main(argv=None) -> int:
         draws = draws.numpy()
         seconds[mean_k] += dt
         seconds[one] += dt / K
-        f1, fm = x.copy(), x.copy()
-        f1[has] = draws[:, 0]
-        fm[has] = np.clip(np.round(draws.astype(np.float64).mean(1)), 0, 255).astype(np.uint8)
-        fills[one].append(f1)
-        fills[mean_k].append(fm)
+        for name, f in zip((one, mean_k), point_fills(x, has, draws)):
+            fills[name].append(f)
         all_draws.append(draws)
-        print(f"{v['name']}: {int(has.sum())} slices, context {dt:.0f} s for {K} draws", flush=True)
+        msg = f"{v['name']}: {int(has.sum())} slices, context {dt:.0f} s for {K} draws"
+        if c25 is not None:
+            t0 = time.perf_counter()
+            d25, _ = inpaint_images(c25.model, torch.from_numpy(x[has]), torch.from_numpy(m[has]), num=K,
+                                    seed=args.seed, batch_size=args.batch_size,
+                                    context=volume_context(c25.model, x, m)[torch.from_numpy(has)])
+            dt = time.perf_counter() - t0
+            seconds[mean25] += dt
+            seconds[one25] += dt / K
+            for name, f in zip((one25, mean25), point_fills(x, has, d25.numpy())):
+                fills[name].append(f)
+            draws25.append(d25.numpy())
+            msg += f", 2.5-D context {dt:.0f} s"
+        print(msg, flush=True)
 
     truth = np.concatenate([v["images"] for v in vols])
     masks = np.concatenate([v["masks"] for v in vols])
@@ -294,8 +332,12 @@ def main(argv=None) -> int:
                                                       res[BASELINE][f"per_slice_{metric}"], args.seed)
     vs_reg = {name: {m: paired(res[mean_k][f"per_slice_{m}"], res[name][f"per_slice_{m}"], args.seed)
                      for m in ("psnr", "ssim")} for name in regs}
+    vs_2d = {} if c25 is None else {
+        f"{a} minus {b}": {m: paired(res[a][f"per_slice_{m}"], res[b][f"per_slice_{m}"], args.seed) for m in ("psnr", "ssim")}
+        for a, b in ((mean25, mean_k), (one25, one))}
     draws = np.concatenate(all_draws)
     unc_track = uncertainty_tracking(draws, truth[has], masks[has])
+    unc25 = uncertainty_tracking(np.concatenate(draws25), truth[has], masks[has]) if draws25 else None
 
     # the organisers' protocol: case folders + predictions, scored as `python -m imggen.eval brats` does
     cases_dir = os.path.join(args.work, "cases")
@@ -312,7 +354,8 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     voided = truth.copy()
     voided[np.broadcast_to(masks[:, None], truth.shape)] = 128
-    cols = [voided] + [np.concatenate(fills[n]) for n in (BASELINE, reg_grid, one, mean_k) if n in fills] + [truth]
+    shown = [n for n in (BASELINE, reg_grid, one, mean_k, mean25) if n in fills]
+    cols = [voided] + [np.concatenate(fills[n]) for n in shown] + [truth]
     rows = np.flatnonzero(has)
     rows = rows[np.linspace(0, len(rows) - 1, min(8, len(rows))).round().astype(int)]
     grid = np.stack([c[rows] for c in cols], 1).reshape(-1, *truth.shape[1:])
@@ -345,10 +388,16 @@ def main(argv=None) -> int:
              "", *[f"{mean_k} minus {name}, per slice: PSNR {ci_text(d['psnr']['mean'], *d['psnr']['ci95'])} dB "
                    f"(better on {d['psnr']['better']:.0%}), SSIM {ci_text(d['ssim']['mean'], *d['ssim']['ci95'], 4)} "
                    f"(better on {d['ssim']['better']:.0%})." for name, d in vs_reg.items()],
+             *[f"{name}, per slice (paired): PSNR {ci_text(d['psnr']['mean'], *d['psnr']['ci95'])} dB (better on "
+               f"{d['psnr']['better']:.0%}), SSIM {ci_text(d['ssim']['mean'], *d['ssim']['ci95'], 4)} (better on "
+               f"{d['ssim']['better']:.0%})." for name, d in vs_2d.items()],
              "", f"Context model's draws (K = {K}): per-slice std vs per-slice RMSE of the mean, Pearson "
              f"{unc_track['slice_pearson']:.2f}, Spearman {unc_track['slice_spearman']:.2f}; per hole pixel std vs "
              f"|error|, Pearson {unc_track['pixel_pearson']:.2f} (mean std {unc_track['mean_std']:.1f}, mean |error| "
-             f"{unc_track['mean_abs_error']:.1f} grey levels).", "",
+             f"{unc_track['mean_abs_error']:.1f} grey levels)." + ("" if unc25 is None else
+             f" 2.5-D context model's draws: Pearson {unc25['slice_pearson']:.2f}, Spearman "
+             f"{unc25['slice_spearman']:.2f}; per pixel {unc25['pixel_pearson']:.2f} (mean std {unc25['mean_std']:.1f}, "
+             f"mean |error| {unc25['mean_abs_error']:.1f})."), "",
              f"- context model: {budget(ctx_run)} ({ctx_run.path})"]
     for name, (_, i, path) in regs.items():
         lines.append(f"- {name}: {i.get('steps')} steps x batch {i.get('batch_size')}, lr {i.get('lr')}, "
@@ -356,11 +405,14 @@ def main(argv=None) -> int:
                      f"{i.get('seconds', 0) / 60:.1f} min ({i.get('machine')}, {i.get('threads')} threads) ({path})")
     if unc is not None:
         lines.append(f"- unconditional model: {budget(unc)} ({unc.path})")
-    lines += ["", f"Grid ({args.stem}_grid.png), per slice: voided | " + " | ".join(
-        n for n in (BASELINE, reg_grid, one, mean_k) if n in fills) + " | truth"]
+    if c25 is not None:
+        lines.append(f"- 2.5-D context model: {budget(c25)}, {c25.cfg.model.context_slices} slices on each side "
+                     f"({c25.path})")
+    lines += ["", f"Grid ({args.stem}_grid.png), per slice: voided | " + " | ".join(shown) + " | truth"]
     write_results(args.out, args.stem, {"command": cmd, "volumes": [{k: v[k] for k in ("name", "z", "blob")} for v in vols],
                                         "n_slices": n_slices, "methods": res, "official": official,
-                                        "uncertainty": unc_track, "samples": K, "context_mean_vs_regression": vs_reg}, "\n".join(lines) + "\n")
+                                        "uncertainty": unc_track, "samples": K, "context_mean_vs_regression": vs_reg,
+                                        "context25_vs_context": vs_2d, "uncertainty25": unc25}, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

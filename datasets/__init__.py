@@ -40,6 +40,10 @@ class ImageSplits:
 
     masks: bool (N, 1, H, W) per split, True = region to inpaint (BraTS inpainting data).
     meta:  per-split lists, e.g. meta["smiles"]["test"][i] is the SMILES drawn in test[i].
+    neighbours, neighbour_masks (volume data asked for context_slices=s, a 2.5-D context): int
+      (N, 2s+1), the index in the same split of slice z+d of image i's volume, d = -s..s (-1: not in
+      the split: outside the volume, or dropped), and bool (N, 2s+1, H, W), image i's 3-D hole cut at
+      those slices (the middle one is masks[i]).
     """
 
     train: np.ndarray
@@ -48,6 +52,8 @@ class ImageSplits:
     masks: dict[str, np.ndarray] = field(default_factory=dict)
     meta: dict[str, dict[str, list]] = field(default_factory=dict)
     info: dict = field(default_factory=dict)  # free-form: counts of skipped items, source, licence
+    neighbours: dict[str, np.ndarray] = field(default_factory=dict)
+    neighbour_masks: dict[str, np.ndarray] = field(default_factory=dict)
 
     def split(self, name: str) -> np.ndarray:
         if name not in ("train", "val", "test"):

@@ -277,9 +277,12 @@ def _load_case(case: Path, mods: list[str], height: int, width: int, channels: i
 
 def load(path, *, height: int, width: int, channels: int = 1, seed: int = 0, skip_bad: bool = False,
          modality="t1", inpainting: bool = False, limit: int | None = None, progress: bool = True,
-         masks: str = "challenge", **_) -> ImageSplits:
+         masks: str = "challenge", context_slices: int = 0, **_) -> ImageSplits:
     """masks (inpainting cases with a tumour `_seg`): "challenge" (default) = a tumour compartment
-    placed in healthy tissue, the tumour voided (`_challenge_hole`); "tumour" = the tumour itself."""
+    placed in healthy tissue, the tumour voided (`_challenge_hole`); "tumour" = the tumour itself.
+    context_slices = s > 0 (a 2.5-D context): `neighbours` of every slice, its case's slices z-s..z+s
+    (`slice_neighbours`; a neighbour dropped for too little brain is missing); their masks are the
+    neighbours' own (one 3-D mask per case), so no `neighbour_masks` are stored."""
     if masks not in ("challenge", "tumour"):
         raise ConfigError(f"brats: masks={masks!r}; use challenge or tumour")
     mods = _parse_modalities(modality, channels)
@@ -307,11 +310,12 @@ def load(path, *, height: int, width: int, channels: int = 1, seed: int = 0, ski
         if inpainting:
             masks[s] = np.concatenate(p["mask"]) if p["mask"] else np.zeros((0, 1, height, width), bool)
     meta = {"case": {s: p["case"] for s, p in parts.items()}, "slice": {s: p["slice"] for s, p in parts.items()}}
+    nbrs = {s: slice_neighbours(p["case"], p["slice"], context_slices) for s, p in parts.items()} if context_slices else {}
     info = {"source": f"BraTS ({path})", "modality": mods, "orientation": ORIENTATION,
             "skipped": len(skipped), "skipped_items": skipped,
             "cases": {s: sorted(set(p["case"])) for s, p in parts.items()},
             "patients": {s: sorted({patient_id(c) for c in p["case"]}) for s, p in parts.items()}}
-    return ImageSplits(**out, masks=masks, meta=meta, info=info)
+    return ImageSplits(**out, masks=masks, meta=meta, info=info, neighbours=nbrs)
 
 
 # ---------------------------------------------------------------- shipped demo
@@ -338,6 +342,17 @@ def demo_mask_bank(size: int, seed: int = MASK_SEED) -> tuple[list[np.ndarray], 
     return bank, d["z"]
 
 
+def _demo_sections(bank, b: int, i: int, s: int, height: int, width: int, flip: bool) -> np.ndarray:
+    """bool (2s+1, height, width): bank mask b cut at stored slices i-s..i+s (empty outside the stack
+    or without a mask, b = -1), flipped left-right with a flipped variant."""
+    out = np.zeros((2 * s + 1, height, width), bool)
+    for j, k in enumerate(range(i - s, i + s + 1)):
+        if b >= 0 and 0 <= k < bank[b].shape[2]:
+            m = _resize(bank[b][:, :, k], height, width, nearest=True)
+            out[j] = m[:, ::-1] if flip else m
+    return out
+
+
 def honest_split(patient: np.ndarray, z: np.ndarray, seed: int, gap: int = DEMO_GAP) -> dict[str, np.ndarray]:
     """Slice indices per split: slabs (patients) split by `split_indices`, then every training slice
     closer than `gap` slices to a val or test slice dropped, so evaluation slices lie >= gap mm from
@@ -352,8 +367,17 @@ def honest_split(patient: np.ndarray, z: np.ndarray, seed: int, gap: int = DEMO_
     return out
 
 
+def slice_neighbours(volume, z, s: int) -> np.ndarray:
+    """int (N, 2s+1) for slices of one split, slice i being axial index z[i] of volume volume[i]: the
+    index in the split of slice z[i] + d of the same volume, d = -s..s (column s is i itself), -1 where
+    the split has no such slice (outside the volume, dropped, or in another split)."""
+    at = {(v, int(k)): i for i, (v, k) in enumerate(zip(volume, z))}
+    return np.array([[at.get((v, int(k) + d), -1) for d in range(-s, s + 1)] for v, k in zip(volume, z)],
+                    np.int64).reshape(len(z), 2 * s + 1)
+
+
 def load_demo(*, height: int, width: int, channels: int = 1, seed: int = 0, masks: str = "challenge",
-              **_) -> ImageSplits:
+              context_slices: int = 0, **_) -> ImageSplits:
     """Shipped real brain slices: axial slices of the MNI152 (ICBM 2009a sym) T1 template.
 
     Built by `datasets/make_brats_demo.py` (see data/README_brats_demo.md for source and licence).
@@ -367,6 +391,10 @@ def load_demo(*, height: int, width: int, channels: int = 1, seed: int = 0, mask
       among those that meet the slice, as the challenge's tumour-shaped holes;
     * "ellipses" (`--data brats-demo:masks=ellipses`): the stored small holes, 1-2 seeded random
       ellipses per slice inside the brain.
+    context_slices = s > 0 (a 2.5-D context): `neighbours`, the slices z-s..z+s of the same volume (a
+    volume = one slab = patient, in one variant: neighbours never cross a slab, so never a split; a
+    slice the gap dropped is missing), and `neighbour_masks`, the slice's own 3-D blob cut at those
+    slices (challenge; the ellipses are 2-D: the slice's own on every neighbour).
     Same orientation as `load`.
     """
     if channels not in (1, 3):
@@ -388,13 +416,16 @@ def load_demo(*, height: int, width: int, channels: int = 1, seed: int = 0, mask
         bank, _ = demo_mask_bank(64 if max(height, width) <= 64 else base.shape[-1])
         rng = np.random.default_rng([MASK_SEED, 28, 1])
         vmasks = {v: np.zeros((len(base), height, width), bool) for v in DEMO_VARIANTS}
+        blob = {v: np.full(len(base), -1) for v in DEMO_VARIANTS}  # the bank mask each (slice, variant) cuts
         for i in range(len(base)):
-            meets = [m for m in bank if m[:, :, i].any()]
+            meets = [b for b, m in enumerate(bank) if m[:, :, i].any()]
             for v in DEMO_VARIANTS:
                 if meets:
-                    m = _resize(meets[rng.integers(len(meets))][:, :, i], height, width, nearest=True)
+                    blob[v][i] = b = meets[rng.integers(len(meets))]
+                    m = _resize(bank[b][:, :, i], height, width, nearest=True)
                     vmasks[v][i] = m[:, ::-1] if v == "flip" else m  # flipped with its image: stays in the brain
     out, masks_out, meta = {}, {}, {"case": {}, "slice": {}, "variant": {}}
+    nbrs, nbr_masks = {}, {}
     for s, sel in honest_split(patient, zs, seed).items():
         x = np.concatenate([variants[v][sel] for v in DEMO_VARIANTS]) if len(sel) else np.zeros((0, height, width))
         m = np.concatenate([vmasks[v][sel] for v in DEMO_VARIANTS]) if len(sel) else np.zeros((0, height, width), bool)
@@ -404,8 +435,16 @@ def load_demo(*, height: int, width: int, channels: int = 1, seed: int = 0, mask
         meta["case"][s] = [f"mni152-slab{patient[i]:02d}" for v in DEMO_VARIANTS for i in sel]
         meta["slice"][s] = [int(zs[i]) for v in DEMO_VARIANTS for i in sel]
         meta["variant"][s] = [v for v in DEMO_VARIANTS for _ in sel]
+        if context_slices:
+            vol = [f"{c}/{v}" for c, v in zip(meta["case"][s], meta["variant"][s])]
+            nbrs[s] = slice_neighbours(vol, meta["slice"][s], context_slices)
+            nbr_masks[s] = np.stack([
+                np.stack([vmasks[v][i]] * (2 * context_slices + 1)) if masks == "ellipses" else
+                _demo_sections(bank, blob[v][i], i, context_slices, height, width, v == "flip")
+                for v in DEMO_VARIANTS for i in sel]) if len(sel) else np.zeros((0, 2 * context_slices + 1,
+                                                                                    height, width), bool)
     source = "challenge-like 3-D blob sections" if masks == "challenge" else "small random ellipses"
-    return ImageSplits(**out, masks=masks_out, meta=meta,
+    return ImageSplits(**out, masks=masks_out, meta=meta, neighbours=nbrs, neighbour_masks=nbr_masks,
                        info={"source": f"MNI152 ICBM 2009a symmetric T1 template (nilearn), {source} as masks",
                              "licence": "see datasets/data/README_brats_demo.md", "orientation": ORIENTATION,
                              "skipped": 0, "masks": masks, "gap_slices": DEMO_GAP})

@@ -15,12 +15,22 @@ def load_data(cfg: Config, progress: bool = True):
     from imggen.datasets import load_dataset
 
     m = cfg.model
+    opts = {"context_slices": m.context_slices} if m.context_slices else {}  # 2.5-D: each slice's neighbours
     data = load_dataset(cfg.data.spec, height=m.height, width=m.width, channels=m.channels,
-                        seed=cfg.train.seed, skip_bad=cfg.data.skip_bad, progress=progress)
+                        seed=cfg.train.seed, skip_bad=cfg.data.skip_bad, progress=progress, **opts)
+    if m.context_slices and not data.neighbours:
+        raise ConfigError(f"model.context_slices {m.context_slices} (a 2.5-D context) needs volume data whose "
+                          f"slices know their neighbours (--data brats:DIR or brats-demo); --data {cfg.data.spec} has none")
     splits = {}
     for name in ("train", "val", "test"):
         imgs = data.split(name)
         masks = data.masks.get(name)
+        if m.context_slices:
+            nbrs, nbr_masks = data.neighbours[name], data.neighbour_masks[name]
+            if cfg.data.limit:
+                nbrs, nbr_masks = nbrs[: cfg.data.limit], nbr_masks[: cfg.data.limit]
+                nbrs = np.where(nbrs < cfg.data.limit, nbrs, -1)
+            splits[name + "_nbrs"], splits[name + "_nbr_masks"] = nbrs, nbr_masks
         if cfg.data.limit:
             imgs, masks = imgs[: cfg.data.limit], None if masks is None else masks[: cfg.data.limit]
         if len(imgs) == 0:

@@ -349,6 +349,10 @@ def sample_main(argv=None) -> int:
         num = args.num or (1 if conditional else 16)
         model = load_model(args.checkpoint, device=args.device, backend=args.backend)
         cfg = model.config
+        if cfg.context_slices:  # a 2.5-D context: the slice's neighbours, which one image does not have
+            raise ConfigError(f"{args.checkpoint} has a 2.5-D context (model.context_slices = {cfg.context_slices}): it "
+                              f"fills a slice from its neighbouring slices, so it needs a volume, not one image; "
+                              f"use sample.py --checkpoint {args.checkpoint} --brats CASES --out PRED")
         if model.context is not None and not conditional:
             raise ConfigError("this model was trained for inpainting with a context: pass --inpaint IMAGE --mask MASK "
                               "(or --prefix IMAGE --prefix-rows R)")

@@ -7,7 +7,7 @@ import math
 import typing
 from dataclasses import dataclass, field
 
-from imggen.context import CONTEXTS
+from imggen.context import CONTEXTS, MAX_CONTEXT_SLICES
 from imggen.tasks import TASKS
 from imggen.errors import ConfigError
 from imggen.patterns import Pattern, config_params, pattern_for_image
@@ -51,6 +51,7 @@ class _ModelCore:
     backend: str = "auto"            # reference | cpu | triton | flex | auto
     context: str = "none"            # "unet": an inpainting model that sees the voided image (imggen.context)
     context_width: int = 64          # channels of the context encoder
+    context_slices: int = 0          # 2.5-D context: s neighbouring slices on each side (volume data, unet)
 
     @property
     def seq_len(self) -> int:
@@ -83,6 +84,11 @@ class _ModelCore:
         if self.context not in CONTEXTS:
             raise ConfigError(f"model.context must be one of {', '.join(CONTEXTS)}, got {self.context!r}")
         _at_least("model", self, 1, context_width=1)
+        if not 0 <= self.context_slices <= MAX_CONTEXT_SLICES:
+            raise ConfigError(f"model.context_slices must be in 0..{MAX_CONTEXT_SLICES}, got {self.context_slices}")
+        if self.context_slices and self.context != "unet":
+            raise ConfigError(f"model.context_slices {self.context_slices} (a 2.5-D context of neighbouring slices) "
+                              f"needs model.context unet (--task inpaint), got {self.context!r}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"model.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         self.patterns()  # raises on bad pattern parameters
@@ -175,6 +181,9 @@ class Config:
             raise ConfigError(f"train.task {self.train.task!r} with model.context {self.model.context!r}: inpainting "
                               f"trains a context model (--task inpaint sets model.context unet), generation a "
                               f"model without one")
+        if self.model.context_slices and self.data.spec.partition(":")[0] not in ("brats", "brats-demo"):
+            raise ConfigError(f"model.context_slices {self.model.context_slices} (a 2.5-D context of neighbouring "
+                              f"slices) needs volume data: --data brats:DIR or brats-demo, got {self.data.spec!r}")
         return self
 
     def to_dict(self) -> dict:

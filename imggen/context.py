@@ -24,10 +24,11 @@ import torch.nn.functional as F
 from imggen.errors import ShapeError
 
 CONTEXTS = ("none", "unet")
+MAX_CONTEXT_SLICES = 8  # model.context_slices: neighbouring slices on each side of a 2.5-D context
 
 
-def make_context(images, masks, shape: tuple[int, int, int]) -> torch.Tensor:
-    """uint8 images (B, C, H, W) and bool masks (B, H, W) (True = unknown) -> float (B, C+1, H, W)."""
+def _voided(images, masks, shape, what: str = "context") -> tuple[torch.Tensor, torch.Tensor]:
+    """Checked uint8 images (B, C, H, W) and bool masks (B, H, W) (True = unknown)."""
     c, h, w = shape
     images, masks = torch.as_tensor(images), torch.as_tensor(masks)
     if images.dim() == 3:
@@ -37,25 +38,68 @@ def make_context(images, masks, shape: tuple[int, int, int]) -> torch.Tensor:
     if masks.dim() == 4 and masks.shape[1] == 1:
         masks = masks[:, 0]
     if images.dtype != torch.uint8 or images.dim() != 4 or tuple(images.shape[1:]) != (c, h, w):
-        raise ShapeError(f"context images must be uint8 (B, {c}, {h}, {w}) for this model; got "
+        raise ShapeError(f"{what} images must be uint8 (B, {c}, {h}, {w}) for this model; got "
                          f"{tuple(images.shape)} {images.dtype}")
     if masks.dim() != 3 or tuple(masks.shape) != (images.shape[0], h, w):
-        raise ShapeError(f"context masks must be (B, {h}, {w}) with B = {images.shape[0]} (True = unknown); got "
+        raise ShapeError(f"{what} masks must be (B, {h}, {w}) with B = {images.shape[0]} (True = unknown); got "
                          f"{tuple(masks.shape)}")
-    masks = masks.bool()
-    if not bool(masks.flatten(1).any(1).all()):
-        raise ShapeError("a context mask marks no pixel as unknown (True = unknown); nothing to inpaint")
+    return images, masks.bool()
+
+
+def _channels(images: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     known = (images.float() / 127.5 - 1.0).masked_fill(masks[:, None], 0.0)
     return torch.cat([known, masks[:, None].float()], 1)
 
 
+def make_context(images, masks, shape: tuple[int, int, int], slices: int = 0) -> torch.Tensor:
+    """uint8 images (B, C, H, W) and bool masks (B, H, W) (True = unknown) -> float (B, C+1, H, W):
+    the voided image ([-1, 1], unknown pixels 0) and the mask channel.
+
+    2.5-D (`slices` = s > 0, model.context_slices): images (B, 2s+1, C, H, W) and masks
+    (B, 2s+1, H, W), the axial slices z-s..z+s of one volume with their holes, the middle one the
+    slice to fill; a neighbour outside the volume is a slice whose mask is all True (its image is
+    then voided entirely: zero image, all unknown) -> float (B, (2s+1)(C+1), H, W), [voided slice,
+    mask] per slice in z order. Only the middle slice must have an unknown pixel."""
+    if not slices:
+        images, masks = _voided(images, masks, shape)
+        if not bool(masks.flatten(1).any(1).all()):
+            raise ShapeError("a context mask marks no pixel as unknown (True = unknown); nothing to inpaint")
+        return _channels(images, masks)
+    k = 2 * slices + 1
+    images, masks = torch.as_tensor(images), torch.as_tensor(masks)
+    if images.dim() != 5 or images.shape[1] != k or masks.dim() != 4 or tuple(masks.shape[:2]) != tuple(images.shape[:2]):
+        c, h, w = shape
+        raise ShapeError(f"this model has a 2.5-D context (model.context_slices = {slices}): it needs the {k} axial "
+                         f"slices z-{slices}..z+{slices} of a volume, uint8 (B, {k}, {c}, {h}, {w}) with masks (B, {k}, {h}, {w}) (a neighbour outside the volume: mask all "
+                         f"True); got images {tuple(images.shape)} and masks {tuple(masks.shape)}. A single 2-D image "
+                         f"cannot be filled by it: fill a volume (sample.py --brats DIR)")
+    mid = make_context(images[:, slices], masks[:, slices], shape)  # checks the slice to fill
+    parts = [mid if d == slices else _channels(*_voided(images[:, d], masks[:, d], shape, "neighbour"))
+             for d in range(k)]
+    return torch.cat(parts, 1)
+
+
+def slice_stacks(images: torch.Tensor, neighbours, masks) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 2.5-D context's inputs from a set of slices: uint8 images (M, C, H, W), int `neighbours`
+    (B, 2s+1) (indices into them of the slices z-s..z+s, -1 = outside the volume) and bool masks
+    (B, 2s+1, H, W) -> (uint8 (B, 2s+1, C, H, W), bool (B, 2s+1, H, W)), a missing slice zero and
+    all unknown."""
+    nb = torch.as_tensor(np.asarray(neighbours), dtype=torch.long)
+    missing = nb < 0
+    stack = images[nb.clamp(min=0)].clone()
+    stack[missing] = 0
+    masks = torch.as_tensor(np.asarray(masks)).bool().clone()
+    masks[missing] = True
+    return stack, masks
+
+
 class ContextEncoder(nn.Module):
-    def __init__(self, channels: int, height: int, width: int, width_features: int, dim: int):
+    def __init__(self, channels: int, height: int, width: int, width_features: int, dim: int, slices: int = 0):
         super().__init__()
         w = width_features
         # halve until the coarsest grid is about 4 x 4: its 3 x 3 convolutions then see the whole image
         self.levels = max(1, min(4, math.ceil(math.log2(max(height, width) / 4))))
-        self.inp = nn.Conv2d(channels + 1, w, 3, padding=1)
+        self.inp = nn.Conv2d((channels + 1) * (2 * slices + 1), w, 3, padding=1)
         self.down = nn.ModuleList(nn.Conv2d(w, w, 3, stride=2, padding=1) for _ in range(self.levels))
         self.mid = nn.Conv2d(w, w, 3, padding=1)
         self.up = nn.ModuleList(nn.Conv2d(2 * w, w, 3, padding=1) for _ in range(self.levels))
@@ -64,7 +108,7 @@ class ContextEncoder(nn.Module):
         nn.init.zeros_(self.out.bias)
 
     def forward(self, ctx: torch.Tensor) -> torch.Tensor:
-        """(B, C+1, H, W) -> (B, dim, H, W)."""
+        """(B, (C+1)(2s+1), H, W) -> (B, dim, H, W)."""
         x = F.gelu(self.inp(ctx))
         skips = []
         for conv in self.down:

@@ -106,7 +106,7 @@ class ImageTransformer(nn.Module):
         self.chan_emb = nn.Embedding(cfg.channels, d)
         self.blocks = nn.ModuleList(Block(cfg, p) for p in self.patterns)
         self.context = None if cfg.context == "none" else ContextEncoder(
-            cfg.channels, cfg.height, cfg.width, cfg.context_width, d)
+            cfg.channels, cfg.height, cfg.width, cfg.context_width, d, cfg.context_slices)
         self.ln_f = nn.LayerNorm(d)
         self.head = nn.Linear(d, cfg.vocab, bias=False)
         self.apply(self._init)
@@ -143,11 +143,12 @@ class ImageTransformer(nn.Module):
 
     # ---- context (inpainting models) -------------------------------------------------------
     def make_context(self, images, masks) -> torch.Tensor:
-        """uint8 images (B, C, H, W) and bool masks (B, H, W) (True = unknown) -> the context tensor."""
+        """uint8 images (B, C, H, W) and bool masks (B, H, W) (True = unknown) -> the context tensor (a
+        2.5-D model, model.context_slices = s: the slices z-s..z+s, (B, 2s+1, C, H, W) and (B, 2s+1, H, W))."""
         if self.context is None:
             raise ShapeError("this model was trained without a context (model.context = 'none'); inpaint with "
                              "imggen.inpaint(model, image, mask) or train one with --task inpaint")
-        return make_context(images, masks, self.config.shape).to(self.start.device)
+        return make_context(images, masks, self.config.shape, self.config.context_slices).to(self.start.device)
 
     def context_features(self, context: torch.Tensor | None, batch: int) -> torch.Tensor | None:
         """Per-position context features (B, N, dim) (None for models without a context)."""
@@ -159,8 +160,9 @@ class ImageTransformer(nn.Module):
         if context is None:
             raise ShapeError("this model was trained for inpainting with a context: call model(tokens, "
                              "context=model.make_context(images, masks))")
-        if tuple(context.shape) != (batch, cfg.channels + 1, cfg.height, cfg.width):
-            raise ShapeError(f"context must be ({batch}, {cfg.channels + 1}, {cfg.height}, {cfg.width}) "
+        c = (cfg.channels + 1) * (2 * cfg.context_slices + 1)
+        if tuple(context.shape) != (batch, c, cfg.height, cfg.width):
+            raise ShapeError(f"context must be ({batch}, {c}, {cfg.height}, {cfg.width}) "
                              f"(model.make_context); got {tuple(context.shape)}")
         f = self.context(context.to(self.start.dtype)).flatten(2).transpose(1, 2)  # (B, H*W, dim)
         y, x, _ = self.pos_index

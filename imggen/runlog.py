@@ -10,7 +10,7 @@ import signal
 import torch
 
 from imggen import checkpoint as ck
-from imggen.tasks import eval_masks
+from imggen.tasks import split_masks
 
 GRID_MIN_S = 5.0  # the end-of-run grid may always take this long
 
@@ -118,10 +118,12 @@ def sample_grid(run, num: int) -> str:
     if cfg.train.task == "inpaint":
         m = cfg.model
         test = run.splits["test"][:num]
-        masks = eval_masks(cfg.train.seed, "test", len(test), run.splits.get("test_masks"), m.height, m.width)
+        masks, stack = split_masks(cfg, run.splits, "test", len(test))
         images = detokenize_tokens(test.long(), m.bits, m.shape)
+        context = None if stack is None else model.make_context(stack, masks)  # 2.5-D: the test slices' neighbours
+        masks = masks[:, m.context_slices] if m.context_slices else masks
         filled, _ = inpaint_images(model, images, torch.from_numpy(masks), seed=cfg.train.seed,
-                                  progress=run.progress)
+                                  progress=run.progress, context=context)
         imgs, nrow = triplets(images.numpy(), masks[:, None], filled[:, 0].numpy()), 3
     else:
         imgs, nrow = detokenize(model, sample(model, num, seed=cfg.train.seed, progress=run.progress)).numpy(), None

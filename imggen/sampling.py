@@ -228,13 +228,16 @@ def as_image(model, image) -> torch.Tensor:
 
 
 def inpaint_images(model, images, masks, num: int = 1, samples: int = 1, reduce: str | None = None,
-                   rank: int = 1, seed: int | None = 0, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+                   rank: int = 1, seed: int | None = 0, context: torch.Tensor | None = None,
+                   **kw) -> tuple[torch.Tensor, torch.Tensor]:
     """Fill the unknown pixels of each image: uint8 images (B, C, H, W), masks (B, H, W) (True =
     unknown) -> (filled uint8 (B, num, C, H, W), log-likelihoods (B, num)). Known pixels are
     teacher-forced and copied exactly; a context-trained model also sees them through its context,
     on every side of each hole pixel. `samples` = K > 1 with `reduce` = "mean" / "median" makes each
     fill the per-pixel mean / median of K samples (the point estimate PSNR and SSIM reward; its
-    log-likelihood is then the mean of the K samples'). Other keywords go to `generate`."""
+    log-likelihood is then the mean of the K samples'). `context` = model.make_context(...) of the
+    images, made here when None (a 2.5-D model, model.context_slices > 0, needs it made from each
+    slice's neighbours: imggen.volumes). Other keywords go to `generate`."""
     from imggen.tokens import tokenize
 
     cfg = model.config
@@ -251,7 +254,8 @@ def inpaint_images(model, images, masks, num: int = 1, samples: int = 1, reduce:
                           f"with reduce 'mean' or 'median'")
     known = tokenize(images, cfg.bits, shape=cfg.shape)
     known_mask = (~masks)[..., None].expand(-1, -1, -1, cfg.channels).reshape(len(images), -1)
-    context = model.make_context(images, masks) if model.context is not None else None
+    if context is None and model.context is not None:
+        context = model.make_context(images, masks)
     k = num * samples  # sequences per image, drawn together in batches across images
     tokens, logp = generate(model, len(images) * k, known.repeat_interleave(k, 0), known_mask.repeat_interleave(k, 0),
                             rank=rank, seed=seed, context=None if context is None else context.repeat_interleave(k, 0),

@@ -28,36 +28,98 @@ def token_mask(masks: torch.Tensor, channels: int) -> torch.Tensor:
 
 
 def draw_masks(rng: np.random.Generator, idx: np.ndarray, data_masks: np.ndarray | None, h: int, w: int,
-               fraction: float = DATA_MASK_FRACTION) -> np.ndarray:
+               fraction: float = DATA_MASK_FRACTION, neighbour_masks: np.ndarray | None = None) -> np.ndarray:
     """bool (len(idx), h, w): the data's mask of image idx[i] (when it has a non-empty one) for about
-    `fraction` of the images, random masks for the others."""
+    `fraction` of the images, random masks for the others.
+
+    2.5-D (`neighbour_masks`: bool (len(idx), 2s+1, h, w), the data's hole at slices z-s..z+s of each
+    image's volume) -> bool (len(idx), 2s+1, h, w): an image given its data mask gets the same 3-D
+    hole's sections on its neighbours; one given a random 2-D mask gets that mask on every slice
+    of the stack (a cylinder hole). The random draws, and so the middle slice's masks, are those
+    without neighbours."""
     out = random_masks(len(idx), h, w, rng)
+    if neighbour_masks is not None:
+        out = np.repeat(out[:, None], neighbour_masks.shape[1], 1)
     if data_masks is not None:
         use = rng.random(len(idx)) < fraction
         for i in np.flatnonzero(use):
             m = np.asarray(data_masks[idx[i]]).reshape(h, w).astype(bool)
             if m.any() and not m.all():
-                out[i] = m
+                out[i] = m if neighbour_masks is None else neighbour_masks[i]
     return out
 
 
-def training_masks(seed: int, step: int, idx, data_masks, h: int, w: int) -> np.ndarray:
-    return draw_masks(np.random.default_rng([seed, step, 1]), np.asarray(idx), data_masks, h, w)
+def training_masks(seed: int, step: int, idx, data_masks, h: int, w: int, neighbour_masks=None) -> np.ndarray:
+    return draw_masks(np.random.default_rng([seed, step, 1]), np.asarray(idx), data_masks, h, w,
+                      neighbour_masks=neighbour_masks)
 
 
-def eval_masks(seed: int, split: str, n: int, data_masks, h: int, w: int) -> np.ndarray:
+def eval_masks(seed: int, split: str, n: int, data_masks, h: int, w: int, neighbour_masks=None) -> np.ndarray:
     """Fixed masks of the first n images of a split (the same every evaluation): the data's own mask
     for every image that has a non-empty one (BraTS inpainting masks, the brats-demo challenge-like
-    sections), random ones for the others."""
+    sections), random ones for the others (2.5-D: with their neighbours', see draw_masks)."""
     tag = {"train": 0, "val": 1, "test": 2}[split]
-    return draw_masks(np.random.default_rng([seed, 1 << 20, tag]), np.arange(n), data_masks, h, w, fraction=1.0)
+    return draw_masks(np.random.default_rng([seed, 1 << 20, tag]), np.arange(n), data_masks, h, w, fraction=1.0,
+                      neighbour_masks=neighbour_masks)
 
 
-def inpaint_inputs(model, tokens: torch.Tensor, masks) -> tuple[torch.Tensor, torch.Tensor]:
-    """(context, token loss mask) for token sequences (B, N) and pixel masks (B, H, W)."""
+def split_masks(cfg, splits: dict, split: str, n: int, step: int | None = None, idx=None) -> tuple:
+    """(masks, neighbours) of images `idx` (training, at `step`) or of the first n (evaluation) of a
+    split of imggen.batches.load_data: bool (B, H, W) and None, or for a 2.5-D context model
+    (cfg.model.context_slices = s) bool (B, 2s+1, H, W) and the uint8 slices z-s..z+s (B, 2s+1, C, H, W)
+    (imggen.context.slice_stacks: a slice outside the volume zero and all unknown)."""
+    from imggen.context import slice_stacks
+    from imggen.tokens import detokenize_tokens
+
+    m, s = cfg.model, cfg.model.context_slices
+    given = splits.get(split + "_masks")
+    idx = np.arange(n) if step is None else np.asarray(idx)
+    nbrs = nbr_masks = None
+    if s:
+        if split + "_nbrs" not in splits:
+            from imggen.errors import ConfigError
+            raise ConfigError(f"model.context_slices {s} needs volume data whose slices know their neighbours "
+                              f"(--data brats:DIR or brats-demo); --data {cfg.data.spec} has none")
+        nbrs = splits[split + "_nbrs"][idx]
+        nbr_masks = neighbour_masks(splits, split, idx, nbrs, m.height, m.width)
+    if step is None:
+        masks = eval_masks(cfg.train.seed, split, n, given, m.height, m.width, nbr_masks)
+    else:
+        masks = training_masks(cfg.train.seed, step, idx, given, m.height, m.width, nbr_masks)
+    if not s:
+        return masks, None
+    rows = np.unique(nbrs[nbrs >= 0])
+    images = detokenize_tokens(splits[split][torch.from_numpy(rows)].long(), m.bits, m.shape)
+    local = np.where(nbrs >= 0, np.searchsorted(rows, nbrs), -1)
+    stack, masks = slice_stacks(images, local, masks)
+    return masks.numpy(), stack
+
+
+def neighbour_masks(splits: dict, split: str, idx, nbrs, h: int, w: int) -> np.ndarray:
+    """bool (B, 2s+1, h, w): the data's 3-D hole of images idx cut at their neighbouring slices (rows
+    nbrs). Where the loader gives them (split_nbr_masks: brats-demo, whose slices draw their blobs
+    one by one) those; else the neighbours' own masks (one 3-D mask per BraTS case); all True
+    where a neighbour is missing; none (all False) without data masks."""
+    if split + "_nbr_masks" in splits:
+        return np.asarray(splits[split + "_nbr_masks"][idx])
+    given = splits.get(split + "_masks")
+    if given is None:
+        return np.zeros((*nbrs.shape, h, w), bool)
+    own = np.asarray(given).reshape(len(given), h, w)[np.clip(nbrs, 0, None)]
+    return np.where((nbrs < 0)[..., None, None], True, own)
+
+
+def inpaint_inputs(model, tokens: torch.Tensor, masks, neighbours=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(context, token loss mask) for token sequences (B, N) and pixel masks (B, H, W); a 2.5-D model
+    (model.context_slices = s) takes masks (B, 2s+1, H, W) and `neighbours`, the uint8 slices
+    (B, 2s+1, C, H, W) around each image (split_masks); the loss covers the middle slice's hole."""
     from imggen.tokens import detokenize_tokens
 
     cfg = model.config
     masks = torch.as_tensor(masks).bool()
     images = detokenize_tokens(tokens.cpu(), cfg.bits, cfg.shape)
+    if cfg.context_slices and neighbours is not None:
+        stack = torch.as_tensor(neighbours).clone()
+        stack[:, cfg.context_slices] = images
+        return model.make_context(stack, masks), token_mask(masks[:, cfg.context_slices], cfg.channels).to(tokens.device)
     return model.make_context(images, masks), token_mask(masks, cfg.channels).to(tokens.device)

@@ -25,7 +25,7 @@ from imggen.errors import CheckpointError, ConfigError, Interrupted, TrainingErr
 from imggen.model import ImageTransformer
 from imggen.batches import batch_indices, ddp_mask_norm, load_data, unigram_bpd
 from imggen.runlog import Logger, StopSignal, final_grid, final_metrics, sample_grid
-from imggen.tasks import eval_masks, inpaint_inputs, training_masks
+from imggen.tasks import inpaint_inputs, split_masks
 
 LN2 = math.log(2.0)
 
@@ -215,11 +215,11 @@ def evaluate(run: Run, split: str, limit: int | None = None) -> float:
 
     cfg = run.cfg
     tokens = run.splits[split][:limit]
-    masks = None
+    masks = neighbours = None
     if cfg.train.task == "inpaint":
-        masks = eval_masks(cfg.train.seed, split, len(tokens), run.splits.get(split + "_masks"), cfg.model.height,
-                           cfg.model.width)
-    return float(token_bits_per_dim(run.model, tokens, cfg.train.batch_size, masks=masks).mean())
+        masks, neighbours = split_masks(cfg, run.splits, split, len(tokens))
+    return float(token_bits_per_dim(run.model, tokens, cfg.train.batch_size, masks=masks,
+                                    neighbours=neighbours).mean())
 
 
 def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, device: str | None = None,
@@ -292,9 +292,11 @@ def next_batch(run: Run):
     x = run.splits["train"][idx[run.rank::run.world]].long().to(run.device)
     if t.task != "inpaint":
         return x, None, None, None
-    masks = training_masks(t.seed, run.step, idx.numpy(), run.splits.get("train_masks"), m.height, m.width)
-    context, loss_mask = inpaint_inputs(run.model, x, masks[run.rank::run.world])
-    return x, context, loss_mask, ddp_mask_norm(masks, m.channels, run.world)
+    masks, stack = split_masks(run.cfg, run.splits, "train", t.batch_size, run.step, idx.numpy())
+    part = slice(run.rank, None, run.world)
+    context, loss_mask = inpaint_inputs(run.model, x, masks[part], None if stack is None else stack[part])
+    mid = masks[:, m.context_slices] if m.context_slices else masks  # the slices being filled
+    return x, context, loss_mask, ddp_mask_norm(mid, m.channels, run.world)
 
 
 def _sync_step(run: Run, stop: StopSignal, bpd: float) -> tuple[bool, float]:

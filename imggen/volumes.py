@@ -180,7 +180,8 @@ def fill_volume(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples:
                 **kw) -> tuple[np.ndarray, np.ndarray]:
     """Fill the mask voxels of a RAS volume (X, Y, Z) slice by slice. Returns (fill, std): float64
     volumes in the input's intensities, the reduced fill (mean / median of `samples` draws) and
-    the per-voxel std of the draws, both zero outside the mask."""
+    the per-voxel std of the draws, both zero outside the mask. A 2.5-D context model
+    (model.context_slices = s) sees each slice's voided neighbours z-s..z+s with their holes."""
     from imggen.datasets.brats import image_to_ras_slice, intensity_range
     from imggen.sampling import inpaint_images
 
@@ -190,13 +191,29 @@ def fill_volume(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples:
     ks = [k for k in range(mask_ras.shape[2]) if mask_ras[:, :, k].any()]
     x, y = values_ras.shape[:2]
     bar = tqdm(total=len(ks), desc=progress, unit="slice", disable=progress is None)
+    inputs = {}  # slice k -> its model inputs (a 2.5-D context reads each one for several slices)
+
+    def at(k):
+        if k not in inputs:
+            inputs[k] = slice_inputs(model, norm[:, :, k], mask_ras[:, :, k])
+        return inputs[k]
+
+    s = model.config.context_slices
     for i in range(0, len(ks), batch_size):
         chunk = ks[i:i + batch_size]
-        ins = [slice_inputs(model, norm[:, :, k], mask_ras[:, :, k]) for k in chunk]
+        ins = [at(k) for k in chunk]
         chunk_seed = int(np.random.SeedSequence([seed, chunk[0]]).generate_state(1, np.uint32)[0])
-        filled, _ = inpaint_images(model, torch.from_numpy(np.stack([a for a, _ in ins])),
-                                   torch.from_numpy(np.stack([m for _, m in ins])), num=samples, rank=rank,
-                                   seed=chunk_seed, batch_size=batch_size, **kw)
+        images, masks = torch.from_numpy(np.stack([a for a, _ in ins])), torch.from_numpy(np.stack([m for _, m in ins]))
+        context = None
+        if s:  # 2.5-D: the voided slices k-s..k+s with their holes; one outside the volume is zero, all unknown
+            z = mask_ras.shape[2]
+            near = [[at(k + d) if 0 <= k + d < z else None for d in range(-s, s + 1)] for k in chunk]
+            zero = (np.zeros_like(ins[0][0]), np.ones_like(ins[0][1]))
+            context = model.make_context(
+                torch.from_numpy(np.stack([np.stack([(n or zero)[0] for n in row]) for row in near])),
+                torch.from_numpy(np.stack([np.stack([(n or zero)[1] for n in row]) for row in near])))
+        filled, _ = inpaint_images(model, images, masks, num=samples, rank=rank, seed=chunk_seed,
+                                   batch_size=batch_size, context=context, **kw)
         filled = filled.float().mean(2).numpy()  # (B, K, H, W): channels of a replicated slice averaged
         for k, draws in zip(chunk, filled):
             up = np.stack([image_to_ras_slice(d, (x, y)) for d in draws]).astype(np.float64)

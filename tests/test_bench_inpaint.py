@@ -110,3 +110,25 @@ def test_official_protocol_round_trip(tmp_path):
 
     with pytest.raises(DataError, match="1 failed"):
         evaluate(tmp_path / "perfect", tmp_path / "cases", progress=False)
+
+
+def test_volume_context_of_a_25d_model():
+    import torch
+
+    from imggen.config import ModelConfig
+    from imggen.context import make_context
+    from imggen.model import ImageTransformer
+
+    m = ImageTransformer(ModelConfig(height=8, width=8, dim=16, layers=1, heads=2, attention="band", window=8,
+                                     context="unet", context_width=4, context_slices=1, backend="cpu"))
+    vol = _ramp(3, 8, 8)
+    masks = np.zeros((3, 8, 8), bool)
+    masks[:, 2:5, 3:6] = True
+    ctx = inpaint.volume_context(m, vol, masks)
+    assert ctx.shape == (3, 6, 8, 8)
+    full = np.ones((8, 8), bool)
+    for z in range(3):  # slices z-1, z, z+1; outside the 3-slice volume: zero image, all unknown
+        imgs = np.stack([vol[k] if 0 <= k < 3 else np.zeros_like(vol[0]) for k in (z - 1, z, z + 1)])
+        ms = np.stack([masks[k] if 0 <= k < 3 else full for k in (z - 1, z, z + 1)])
+        want = make_context(torch.from_numpy(imgs)[None], torch.from_numpy(ms)[None], (1, 8, 8), slices=1)
+        assert torch.equal(ctx[z: z + 1], want)

@@ -288,3 +288,91 @@ def test_demo_slices():
     # masks lie (almost) inside the brain: nearest-resized mask vs bilinear image
     x, m = s.train[:, 0], s.masks["train"][:, 0]
     assert (x[m] > 0).mean() > 0.97
+
+
+def test_slice_neighbours_by_volume_and_z():
+    # two volumes; slice z=3 of "a" is missing (dropped), so its neighbours read -1 there
+    vol, z = ["a", "a", "a", "b", "b", "a"], [1, 2, 4, 1, 2, 5]
+    n = brats.slice_neighbours(vol, z, 1)
+    assert n.tolist() == [[-1, 0, 1], [0, 1, -1], [-1, 2, 5], [-1, 3, 4], [3, 4, -1], [2, 5, -1]]
+    assert brats.slice_neighbours(vol, z, 0).tolist() == [[i] for i in range(6)]
+
+
+def test_demo_neighbours_same_volume_honest_and_one_blob():
+    s = 2
+    d = load_dataset("brats-demo", height=32, width=32, channels=1, seed=0, context_slices=s)
+    base = load_dataset("brats-demo", height=32, width=32, channels=1, seed=0)
+    zs = {k: np.asarray(v) for k, v in d.meta["slice"].items()}
+    held = np.concatenate([zs["val"], zs["test"]])
+    bank, _ = brats.demo_mask_bank(64)
+    for k in ("train", "val", "test"):
+        assert np.array_equal(d.split(k), base.split(k)) and np.array_equal(d.masks[k], base.masks[k])
+        nb, nm = d.neighbours[k], d.neighbour_masks[k]
+        case, var, z = np.asarray(d.meta["case"][k]), np.asarray(d.meta["variant"][k]), zs[k]
+        assert nb.shape == (len(z), 2 * s + 1) and nm.shape == (len(z), 2 * s + 1, 32, 32)
+        assert np.array_equal(nb[:, s], np.arange(len(z))) and np.array_equal(nm[:, s], d.masks[k][:, 0])
+        for i in range(len(z)):
+            for j, dz in enumerate(range(-s, s + 1)):
+                same = np.flatnonzero((case == case[i]) & (var == var[i]) & (z == z[i] + dz))
+                assert nb[i, j] == (same[0] if len(same) else -1)  # same slab and variant, z + d; else -1
+        assert (nb[:, 0] == -1).any()  # slab edges
+        if k == "train":  # no training slice's neighbour comes near a held-out slice (gap 10 - s)
+            near = z[np.clip(nb, 0, None)][nb >= 0]
+            assert np.abs(near[:, None] - held[None]).min() >= brats.DEMO_GAP
+        # a slice's neighbour masks are sections of one 3-D blob (flipped with a flipped variant)
+        for i in range(0, len(z), 7):
+            if not nm[i, s].any():
+                continue
+            t = int(np.flatnonzero(np.load(brats.DEMO_FILE)["z"] == z[i])[0])
+            cuts = [np.stack([brats._resize(b[:, :, t + dz], 32, 32, nearest=True) if 0 <= t + dz < b.shape[2]
+                              else np.zeros((32, 32), bool) for dz in range(-s, s + 1)]) for b in bank]
+            cuts = [c[:, :, ::-1] if var[i] == "flip" else c for c in cuts]
+            assert any(np.array_equal(nm[i], c) for c in cuts)
+
+
+def test_25d_training_masks_keep_the_2d_draw_and_cut_cylinders():
+    from imggen.batches import load_data
+    from imggen.config import preset
+    from imggen.tasks import split_masks
+
+    cfg2, cfg25 = preset("brats-inpaint"), preset("brats-inpaint")
+    cfg25.model.context_slices = 1
+    two, _ = load_data(cfg2, progress=False)
+    sp, _ = load_data(cfg25, progress=False)
+    idx = np.arange(40, 56)
+    m2, none = split_masks(cfg2, two, "train", 16, step=3, idx=idx)
+    m25, stack = split_masks(cfg25, sp, "train", 16, step=3, idx=idx)
+    assert none is None and m25.shape == (16, 3, 32, 32) and stack.shape == (16, 3, 1, 32, 32)
+    assert np.array_equal(m25[:, 1], m2)  # the slices being filled get the masks a 2-D model gets
+    own = (m2 == sp["train_masks"][idx]).all((1, 2))
+    nb = sp["train_nbrs"][idx]
+    for i in range(16):
+        for d in (0, 2):
+            if nb[i, d] < 0:  # outside the volume: all unknown, zero image
+                assert m25[i, d].all() and not stack[i, d].any()
+            elif not own[i]:  # a random 2-D mask: the same on the neighbours (a cylinder)
+                assert np.array_equal(m25[i, d], m2[i])
+            else:  # the data's 3-D blob, cut at the neighbour
+                assert np.array_equal(m25[i, d], sp["train_nbr_masks"][idx[i], d])
+
+
+def test_real_brats_neighbours_are_the_case_slices_and_their_own_masks(tmp_path):
+    from imggen.tasks import neighbour_masks
+
+    rng = np.random.default_rng(0)
+    root = tmp_path / "BraTS2021"
+    for i in range(4):
+        make_case_2021(root, f"BraTS2021_{i:05d}", rng)
+    s = brats.load(root, height=16, width=12, channels=1, seed=1, modality="t1", inpainting=True, context_slices=1)
+    assert not s.neighbour_masks  # one 3-D mask per case: the neighbours' own masks are its sections
+    nb, case, z = s.neighbours["train"], s.meta["case"]["train"], s.meta["slice"]["train"]
+    for i in range(len(z)):
+        for j, dz in enumerate((-1, 0, 1)):
+            same = [k for k in range(len(z)) if case[k] == case[i] and z[k] == z[i] + dz]
+            assert nb[i, j] == (same[0] if same else -1)
+    assert (nb == -1).any()  # slices 1 and 6 are the ends of each case's brain
+    splits = {"train_masks": s.masks["train"][:, 0]}
+    got = neighbour_masks(splits, "train", np.arange(len(z)), nb, 16, 12)
+    for i in range(len(z)):
+        for j in range(3):
+            assert np.array_equal(got[i, j], s.masks["train"][nb[i, j], 0] if nb[i, j] >= 0 else np.ones((16, 12), bool))

@@ -245,3 +245,46 @@ def test_two_commands_from_case_folders_to_scores(tmp_path, capsys):
     assert "mean over 2 case(s)" in text
     rows = (out / "brats_scores.csv").read_text().strip().splitlines()
     assert len(rows) == 3 and rows[1].startswith("BraTS-GLI-00010-000,")
+
+
+def test_25d_model_trains_fills_a_volume_and_refuses_one_png(tmp_path, capsys):
+    """A 2.5-D context model (model.context_slices) trains 2 steps on brats-demo, fills a volume
+    with each slice's neighbours (fill_volume, sample.py --brats), and sample.py --inpaint of one
+    PNG is one clear error (it needs a volume)."""
+    from PIL import Image
+
+    from imggen.config import DataConfig
+    from imggen.training import train
+    from imggen.volumes import fill_volume
+
+    cfg = Config(preset="brats64", model=_model_cfg(size=16), data=DataConfig(spec="brats-demo"),
+                 train=TrainConfig(task="inpaint", steps=2, batch_size=2, eval_images=2, sample_num=1, warmup=1,
+                                   grid_time_frac=0))
+    cfg.model.context_slices = 2
+    run = tmp_path / "run25"
+    train(cfg, str(run), device="cpu", progress=False)
+    import imggen
+    m = imggen.load_model(str(run))
+    assert m.config.context_slices == 2 and m.context.inp.in_channels == 10
+    torch.nn.init.normal_(m.context.out.weight, std=0.5)  # 2 steps leave the encoder near zero: make it matter
+    vol, mask = brain(np.random.default_rng(0)), hole()
+    fill, std = fill_volume(m, vol, mask, samples=2, seed=0)
+    assert (fill[~mask] == 0).all() and (std[~mask] == 0).all() and (fill[mask] != 0).mean() > 0.5
+    # the neighbours are seen: change a slice next to the hole's end (outside the hole) and the fill moves
+    vol2 = vol.copy()
+    vol2[:, :, 3] = 0
+    assert not np.array_equal(fill_volume(m, vol2, mask, samples=2, seed=0)[0], fill)
+    cases = tmp_path / "cases"
+    d = make_case(cases, "BraTS-GLI-00001-000", np.random.default_rng(1), dtype=np.int16)
+    rc, stdout, err = run_cli(capsys, "--checkpoint", run, "--brats", cases, "--out", tmp_path / "pred", "--no-progress")
+    assert rc == 0, err
+    inp = nib.load(str(next(d.glob("*-t1n-voided.nii.gz"))))
+    pred = nib.load(str(tmp_path / "pred" / "BraTS-GLI-00001-000-t1n-inference.nii.gz"))
+    m3 = np.asanyarray(nib.load(str(next(d.glob("*-mask.nii.gz")))).dataobj) > 0
+    assert np.array_equal(pred.dataobj.get_unscaled()[~m3], inp.dataobj.get_unscaled()[~m3])
+    Image.fromarray(np.full((16, 16), 100, np.uint8)).save(tmp_path / "slice.png")
+    Image.fromarray(np.pad(np.full((4, 4), 255, np.uint8), 6)).save(tmp_path / "mask.png")
+    rc, stdout, err = run_cli(capsys, "--checkpoint", run, "--inpaint", tmp_path / "slice.png", "--mask",
+                              tmp_path / "mask.png", "--out", tmp_path / "f.png")
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "2.5-D context" in err and "--brats" in err

@@ -155,3 +155,73 @@ def test_inpaint_task_end_to_end_with_folder_images(tmp_path):
     assert rep["bpd"]["bpd"] == pytest.approx(got["bpd"]) and rep["sampling"] is None
     assert any("trained for inpainting" in n for n in rep["notes"])
     assert "![samples]" not in (run / "report" / "report.md").read_text()
+
+
+# ------------------------------------------------------------------ 2.5-D context (issue 28, item 4)
+def test_context_slices_against_a_plain_reference():
+    from imggen.context import make_context, slice_stacks
+
+    s, shape = 2, (1, 6, 7)
+    g = torch.Generator().manual_seed(1)
+    vol = torch.randint(0, 256, (4, *shape), dtype=torch.uint8, generator=g)  # a 4-slice volume
+    holes = torch.rand(4, 6, 7, generator=g) < 0.3
+    nbrs = np.array([[-1, -1, 0, 1, 2], [0, 1, 2, 3, -1]])  # slices 0 and 2: edges of the volume
+    stack, masks = slice_stacks(vol, nbrs, holes[np.clip(nbrs, 0, None)])
+    ctx = make_context(stack, masks, shape, slices=s)
+    assert ctx.shape == (2, 2 * (2 * s + 1), 6, 7)
+    for b in range(2):
+        for d in range(2 * s + 1):
+            j = nbrs[b, d]
+            if j < 0:  # outside the volume: zero image, every pixel unknown
+                want_img, want_mask = np.zeros((6, 7)), np.ones((6, 7))
+            else:
+                h = holes[j].numpy()
+                want_img = np.where(h, 0.0, vol[j, 0].numpy() / 127.5 - 1.0)
+                want_mask = h.astype(float)
+            np.testing.assert_allclose(ctx[b, 2 * d].numpy(), want_img, atol=1e-6)
+            np.testing.assert_array_equal(ctx[b, 2 * d + 1].numpy(), want_mask)
+    # the middle slice is the 2-D context; only it must have an unknown pixel
+    assert torch.equal(ctx[:, 2 * s: 2 * s + 2], make_context(stack[:, s], masks[:, s], shape))
+    none = masks.clone()
+    none[:, 0] = False
+    make_context(stack, none, shape, slices=s)
+    none[:, s] = False
+    with pytest.raises(ShapeError, match="no pixel as unknown"):
+        make_context(stack, none, shape, slices=s)
+
+
+def test_context_slices_model_config_and_old_configs(tmp_path):
+    from imggen.checkpoint import save_checkpoint
+    from imggen.config import Config, TrainConfig
+
+    cfg = ModelConfig(height=6, width=7, channels=1, bits=4, dim=32, layers=1, heads=2, attention="band",
+                      window=9, context="unet", context_slices=1, backend="cpu")
+    torch.manual_seed(0)
+    m = ImageTransformer(cfg).eval()
+    assert m.context.inp.in_channels == 2 * 3
+    images, masks = data(m)
+    with pytest.raises(ShapeError, match="2.5-D context .* needs a volume|fill a volume"):
+        m.make_context(images, masks)  # one 2-D image: a clear error
+    ctx = m.make_context(images[:, None].repeat(1, 3, 1, 1, 1), masks[:, None].repeat(1, 3, 1, 1))
+    filled, _ = inpaint_images(m, images, masks, context=ctx, seed=0)
+    assert torch.equal(filled[:, 0][:, :, ~masks[0]], images[:, :, ~masks[0]])
+    for bad, msg in [(dict(context_slices=9), "0..8"), (dict(context_slices=-1), "0..8"),
+                     (dict(context="none", context_slices=2), "needs model.context unet")]:
+        with pytest.raises(ConfigError, match=msg):
+            ModelConfig(height=6, width=7, **{"context": "unet", **bad}).validate()
+    with pytest.raises(ConfigError, match="needs volume data"):
+        Config(model=cfg, train=TrainConfig(task="inpaint")).validate()  # molecules: no volumes
+    Config(model=cfg, train=TrainConfig(task="inpaint")).to_dict()
+    # a checkpoint written before the field existed loads as a 2-D context model
+    m2 = model()
+    save_checkpoint(str(tmp_path / "old"), 1, m2, Config(model=m2.config, train=TrainConfig(task="inpaint")))
+    from imggen.checkpoint import MANIFEST, _write_manifest
+    for cfg_file in (tmp_path / "old").rglob("config.json"):
+        d = json.loads(cfg_file.read_text())
+        del d["model"]["context_slices"]
+        cfg_file.write_text(json.dumps(d))
+        if (cfg_file.parent / MANIFEST).exists():  # as an old version wrote it
+            os.remove(cfg_file.parent / MANIFEST)
+            _write_manifest(str(cfg_file.parent))
+    old = imggen.load_model(str(tmp_path / "old"))
+    assert old.config.context_slices == 0 and old.context.inp.in_channels == 2
