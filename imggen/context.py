@@ -67,12 +67,14 @@ def make_context(images, masks, shape: tuple[int, int, int], slices: int = 0) ->
         return _channels(images, masks)
     k = 2 * slices + 1
     images, masks = torch.as_tensor(images), torch.as_tensor(masks)
-    if images.dim() != 5 or images.shape[1] != k or masks.dim() != 4 or tuple(masks.shape[:2]) != tuple(images.shape[:2]):
+    if (images.dim() != 5 or images.shape[1] != k or masks.dim() != 4
+            or tuple(masks.shape[:2]) != tuple(images.shape[:2])):
         c, h, w = shape
         raise ShapeError(f"this model has a 2.5-D context (model.context_slices = {slices}): it needs the {k} axial "
-                         f"slices z-{slices}..z+{slices} of a volume, uint8 (B, {k}, {c}, {h}, {w}) with masks (B, {k}, {h}, {w}) (a neighbour outside the volume: mask all "
-                         f"True); got images {tuple(images.shape)} and masks {tuple(masks.shape)}. A single 2-D image "
-                         f"cannot be filled by it: fill a volume (sample.py --brats DIR)")
+                         f"slices z-{slices}..z+{slices} of a volume, uint8 (B, {k}, {c}, {h}, {w}) with masks "
+                         f"(B, {k}, {h}, {w}) (a neighbour outside the volume: mask all True); got images "
+                         f"{tuple(images.shape)} and masks {tuple(masks.shape)}. A single 2-D image cannot be "
+                         f"filled by it: fill a volume (sample.py --brats DIR)")
     mid = make_context(images[:, slices], masks[:, slices], shape)  # checks the slice to fill
     parts = [mid if d == slices else _channels(*_voided(images[:, d], masks[:, d], shape, "neighbour"))
              for d in range(k)]
