@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from harness import command_line, fmt, machine, machine_line, md_table, out_dir, write_results  # noqa: E402
 
 from imggen.config import preset  # noqa: E402
+from imggen.eval.bpd import bootstrap_ci  # noqa: E402
 
 PATTERNS = ["full", "band", "local2d", "strided", "local2d,band"]
 
@@ -141,8 +142,7 @@ def report(rows: list[dict], a, step_s: dict, budget_s: float, m: dict, argv) ->
         if full is None or r is full:
             return "-"
         d = np.array(r["bpd_per_image"]) - np.array(full["bpd_per_image"])
-        rng = np.random.default_rng(0)
-        lo, hi = np.percentile(d[rng.integers(0, len(d), (2000, len(d)))].mean(1), [2.5, 97.5])
+        lo, hi = bootstrap_ci(d, 2000, 0)
         return f"{d.mean():+.3f} ({lo:+.3f} to {hi:+.3f})"
 
     head = ["pattern", "step s", "steps", "train wall s", "test bits/dim (95%)", "bits/dim - full (paired)",
