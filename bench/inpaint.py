@@ -203,7 +203,9 @@ def budget(run) -> str:
     every = max(1, cfg.train.log_every)
     secs = sum(cfg.train.batch_size * m.seq_len * every / t for t in tps) if tps else None
     return (f"{run.step} steps x batch {cfg.train.batch_size}, lr {cfg.train.lr}, {m.height}x{m.width}, dim {m.dim}, "
-            f"{m.layers} layers, attention {m.attention}, context {m.context} (width {m.context_width})"
+            f"{m.layers} layers, attention {m.attention}, context {m.context} (width {m.context_width}"
+            + (f", {m.context_fill} fill" if m.context_fill != "none" else "") + ")"
+            + (", augmented (--train.augment)" if cfg.train.augment else "")
             + (f", about {secs / 60:.0f} min of training steps" if secs else ""))
 
 
@@ -265,7 +267,8 @@ def main(argv=None) -> int:
     regs = {}
     for path in args.regress:
         model, info = load_regressor(path)
-        regs[f"regression, {info.get('steps')} steps"] = (model, info, path)
+        extra = (", biharmonic fill" if model.fill != "none" else "") + (", augmented" if info.get("augment") else "")
+        regs[f"regression, {info.get('steps')} steps{extra}"] = (model, info, path)
     unc = load_run(args.uncond) if args.uncond else None
     K = args.samples
     methods = {"biharmonic 2-D": biharmonic, BASELINE: biharmonic_3d}

@@ -2,7 +2,7 @@
 L1 / MSE loss on the hole), on the training split of a data spec at the context model's size.
 
     python bench/train_regress.py --data brats-demo --size 64 --steps 3000 --out runs/b64reg
-        [--batch-size 8] [--lr 2e-3] [--loss mse|l1] [--width 64] [--hidden 64] [--threads N]
+        [--batch-size 8] [--lr 2e-3] [--loss mse|l1] [--width 64] [--hidden 64] [--fill biharmonic] [--augment] [--threads N]
 
 Writes OUT/regress.pt (weights, settings and the training budget: steps, seconds, machine) and
 OUT/log.jsonl (step, mean loss, lr, seconds). The masks are the context model's training masks
@@ -40,6 +40,9 @@ def main(argv=None) -> int:
     ap.add_argument("--loss", choices=LOSSES, default="mse")
     ap.add_argument("--width", type=int, default=64, help="the encoder's feature width (brats64: context_width 64)")
     ap.add_argument("--hidden", type=int, default=64, help="features per pixel fed to the head")
+    ap.add_argument("--fill", choices=("none", "biharmonic"), default="none",
+                    help="the context's classic fill channel (as --model.context_fill)")
+    ap.add_argument("--augment", action="store_true", help="random warps + gamma per image (as --train.augment)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     ap.add_argument("--threads", type=int)
@@ -49,7 +52,7 @@ def main(argv=None) -> int:
     data = load_dataset(args.data, height=args.size, width=args.size, channels=args.channels, seed=args.seed)
     images = data.split("train")
     masks = data.masks.get("train") if data.masks else None
-    model = HoleRegressor(args.channels, args.size, args.size, args.width, args.hidden)
+    model = HoleRegressor(args.channels, args.size, args.size, args.width, args.hidden, args.fill)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{len(images)} training images of {tuple(images.shape[1:])}; regressor {n_params / 1e6:.2f}M params",
           flush=True)
@@ -61,8 +64,10 @@ def main(argv=None) -> int:
             print(f"step {row['step']}: loss {row['loss']:.4f} ({row['seconds']:.0f} s)", flush=True)
 
         result = train_regressor(model, images, masks, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                                 warmup=args.warmup, seed=args.seed, loss=args.loss, log=log)
-    info = {**result, "batch_size": args.batch_size, "lr": args.lr, "loss_kind": args.loss, "data": args.data,
+                                 warmup=args.warmup, seed=args.seed, loss=args.loss,
+                                 augment=args.augment, log=log)
+    info = {**result, "batch_size": args.batch_size, "lr": args.lr, "loss_kind": args.loss, "augment": args.augment,
+            "data": args.data,
             "params": n_params, "threads": torch.get_num_threads(), "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": command_line("train_regress.py", argv)}
     save(model, os.path.join(args.out, "regress.pt"), **info)

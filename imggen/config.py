@@ -7,7 +7,7 @@ import math
 import typing
 from dataclasses import dataclass, field
 
-from imggen.context import CONTEXTS, MAX_CONTEXT_SLICES
+from imggen.context import CONTEXTS, FILLS, MAX_CONTEXT_SLICES
 from imggen.tasks import TASKS
 from imggen.errors import ConfigError
 from imggen.patterns import Pattern, config_params, pattern_for_image
@@ -52,6 +52,7 @@ class _ModelCore:
     context: str = "none"            # "unet": an inpainting model that sees the voided image (imggen.context)
     context_width: int = 64          # channels of the context encoder
     context_slices: int = 0          # 2.5-D context: s neighbouring slices on each side (volume data, unet)
+    context_fill: str = "none"       # "biharmonic": the context also carries the hole's classic fill (unet)
 
     @property
     def seq_len(self) -> int:
@@ -89,6 +90,11 @@ class _ModelCore:
         if self.context_slices and self.context != "unet":
             raise ConfigError(f"model.context_slices {self.context_slices} (a 2.5-D context of neighbouring slices) "
                               f"needs model.context unet (--task inpaint), got {self.context!r}")
+        if self.context_fill not in FILLS:
+            raise ConfigError(f"model.context_fill must be one of {', '.join(FILLS)}, got {self.context_fill!r}")
+        if self.context_fill != "none" and self.context != "unet":
+            raise ConfigError(f"model.context_fill {self.context_fill!r} (a classic fill of the hole as context) needs "
+                              f"model.context unet (--task inpaint), got {self.context!r}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"model.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         self.patterns()  # raises on bad pattern parameters
@@ -141,6 +147,7 @@ class TrainConfig:
     seed: int = 0
     activation_checkpointing: bool = False  # recompute each block's activations in the backward
     task: str = "generate"          # generate | inpaint (a context model learns to fill masked pixels)
+    augment: bool = False           # a random warp + gamma per training image (imggen.augment)
 
     def validate(self) -> "TrainConfig":
         _at_least("train", self, 1, steps=1, batch_size=1, eval_every=1, eval_images=1, sample_num=1,

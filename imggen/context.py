@@ -9,6 +9,10 @@ the feature of the pixel a position predicts to that position's input (condition
 style): patterns, kernels and decode caches stay as they are, and the target sequence stays
 causal because the context depends on the known pixels only.
 
+With `fill` = "biharmonic" (model.context_fill) the context also carries each voided image's classic
+fill (skimage's biharmonic inpainting, C more channels per slice): the encoder starts from the
+smooth, boundary-continuous guess a user would otherwise take and learns what to add to it.
+
 `random_masks` draws training masks: lesion-like blobs, rectangles and brush strokes of varying
 size (the data's own masks are used too where it has them, see imggen.training).
 """
@@ -24,6 +28,7 @@ import torch.nn.functional as F
 from imggen.errors import ShapeError
 
 CONTEXTS = ("none", "unet")
+FILLS = ("none", "biharmonic")  # model.context_fill: a classic fill of the hole as more context channels
 MAX_CONTEXT_SLICES = 8  # model.context_slices: neighbouring slices on each side of a 2.5-D context
 
 
@@ -46,14 +51,38 @@ def _voided(images, masks, shape, what: str = "context") -> tuple[torch.Tensor, 
     return images, masks.bool()
 
 
-def _channels(images: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+def classic_fill(images: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """uint8 (B, C, H, W), bool (B, H, W) -> float (B, C, H, W) in [-1, 1]: the known pixels, and in
+    the hole skimage's biharmonic inpainting of them (an image with no known pixel: 0)."""
+    from skimage.restoration import inpaint_biharmonic
+
+    x = images.double().numpy() / 255.0
+    m = masks.numpy()
+    out = x.copy()
+    for i in range(len(x)):
+        if m[i].all():
+            out[i] = 0.5
+        elif m[i].any():
+            f = inpaint_biharmonic(np.moveaxis(x[i], 0, -1), m[i], channel_axis=-1)
+            out[i][:, m[i]] = np.clip(np.moveaxis(f, -1, 0), 0.0, 1.0)[:, m[i]]
+    return torch.from_numpy(out).float() * 2.0 - 1.0
+
+
+def _channels(images: torch.Tensor, masks: torch.Tensor, fill: str = "none") -> torch.Tensor:
     known = (images.float() / 127.5 - 1.0).masked_fill(masks[:, None], 0.0)
-    return torch.cat([known, masks[:, None].float()], 1)
+    extra = [classic_fill(images, masks)] if fill == "biharmonic" else []
+    return torch.cat([known, *extra, masks[:, None].float()], 1)
 
 
-def make_context(images, masks, shape: tuple[int, int, int], slices: int = 0) -> torch.Tensor:
+def context_channels(channels: int, slices: int = 0, fill: str = "none") -> int:
+    """The context's channels: per slice the voided image, its classic fill (if any) and the mask."""
+    return (channels * (2 if fill == "biharmonic" else 1) + 1) * (2 * slices + 1)
+
+
+def make_context(images, masks, shape: tuple[int, int, int], slices: int = 0, fill: str = "none") -> torch.Tensor:
     """uint8 images (B, C, H, W) and bool masks (B, H, W) (True = unknown) -> float (B, C+1, H, W):
-    the voided image ([-1, 1], unknown pixels 0) and the mask channel.
+    the voided image ([-1, 1], unknown pixels 0) and the mask channel; with `fill` "biharmonic"
+    (B, 2C+1, H, W): the voided image, its biharmonic fill (classic_fill) and the mask.
 
     2.5-D (`slices` = s > 0, model.context_slices): images (B, 2s+1, C, H, W) and masks
     (B, 2s+1, H, W), the axial slices z-s..z+s of one volume with their holes, the middle one the
@@ -64,7 +93,9 @@ def make_context(images, masks, shape: tuple[int, int, int], slices: int = 0) ->
         images, masks = _voided(images, masks, shape)
         if not bool(masks.flatten(1).any(1).all()):
             raise ShapeError("a context mask marks no pixel as unknown (True = unknown); nothing to inpaint")
-        return _channels(images, masks)
+        return _channels(images, masks, fill)
+    if fill not in FILLS:
+        raise ShapeError(f"context fill must be one of {', '.join(FILLS)}, got {fill!r}")
     k = 2 * slices + 1
     images, masks = torch.as_tensor(images), torch.as_tensor(masks)
     if (images.dim() != 5 or images.shape[1] != k or masks.dim() != 4
@@ -75,8 +106,8 @@ def make_context(images, masks, shape: tuple[int, int, int], slices: int = 0) ->
                          f"(B, {k}, {h}, {w}) (a neighbour outside the volume: mask all True); got images "
                          f"{tuple(images.shape)} and masks {tuple(masks.shape)}. A single 2-D image cannot be "
                          f"filled by it: fill a volume (sample.py --brats DIR)")
-    mid = make_context(images[:, slices], masks[:, slices], shape)  # checks the slice to fill
-    parts = [mid if d == slices else _channels(*_voided(images[:, d], masks[:, d], shape, "neighbour"))
+    mid = make_context(images[:, slices], masks[:, slices], shape, fill=fill)  # checks the slice to fill
+    parts = [mid if d == slices else _channels(*_voided(images[:, d], masks[:, d], shape, "neighbour"), fill)
              for d in range(k)]
     return torch.cat(parts, 1)
 
@@ -96,12 +127,13 @@ def slice_stacks(images: torch.Tensor, neighbours, masks) -> tuple[torch.Tensor,
 
 
 class ContextEncoder(nn.Module):
-    def __init__(self, channels: int, height: int, width: int, width_features: int, dim: int, slices: int = 0):
+    def __init__(self, channels: int, height: int, width: int, width_features: int, dim: int, slices: int = 0,
+                 fill: str = "none"):
         super().__init__()
         w = width_features
         # halve until the coarsest grid is about 4 x 4: its 3 x 3 convolutions then see the whole image
         self.levels = max(1, min(4, math.ceil(math.log2(max(height, width) / 4))))
-        self.inp = nn.Conv2d((channels + 1) * (2 * slices + 1), w, 3, padding=1)
+        self.inp = nn.Conv2d(context_channels(channels, slices, fill), w, 3, padding=1)
         self.down = nn.ModuleList(nn.Conv2d(w, w, 3, stride=2, padding=1) for _ in range(self.levels))
         self.mid = nn.Conv2d(w, w, 3, padding=1)
         self.up = nn.ModuleList(nn.Conv2d(2 * w, w, 3, padding=1) for _ in range(self.levels))
@@ -110,7 +142,7 @@ class ContextEncoder(nn.Module):
         nn.init.zeros_(self.out.bias)
 
     def forward(self, ctx: torch.Tensor) -> torch.Tensor:
-        """(B, (C+1)(2s+1), H, W) -> (B, dim, H, W)."""
+        """(B, context_channels(C, s, fill), H, W) -> (B, dim, H, W)."""
         x = F.gelu(self.inp(ctx))
         skips = []
         for conv in self.down:

@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.utils.checkpoint
 
 from imggen.config import ModelConfig
-from imggen.context import ContextEncoder, make_context
+from imggen.context import ContextEncoder, context_channels, make_context
 from imggen.errors import ShapeError
 from imggen.fused import ln_linear, ln_mlp
 from imggen.panels import native_step, step_linear
@@ -106,7 +106,7 @@ class ImageTransformer(nn.Module):
         self.chan_emb = nn.Embedding(cfg.channels, d)
         self.blocks = nn.ModuleList(Block(cfg, p) for p in self.patterns)
         self.context = None if cfg.context == "none" else ContextEncoder(
-            cfg.channels, cfg.height, cfg.width, cfg.context_width, d, cfg.context_slices)
+            cfg.channels, cfg.height, cfg.width, cfg.context_width, d, cfg.context_slices, cfg.context_fill)
         self.ln_f = nn.LayerNorm(d)
         self.head = nn.Linear(d, cfg.vocab, bias=False)
         self.apply(self._init)
@@ -148,7 +148,8 @@ class ImageTransformer(nn.Module):
         if self.context is None:
             raise ShapeError("this model was trained without a context (model.context = 'none'); inpaint with "
                              "imggen.inpaint(model, image, mask) or train one with --task inpaint")
-        return make_context(images, masks, self.config.shape, self.config.context_slices).to(self.start.device)
+        cfg = self.config
+        return make_context(images, masks, cfg.shape, cfg.context_slices, cfg.context_fill).to(self.start.device)
 
     def context_features(self, context: torch.Tensor | None, batch: int) -> torch.Tensor | None:
         """Per-position context features (B, N, dim) (None for models without a context)."""
@@ -160,7 +161,7 @@ class ImageTransformer(nn.Module):
         if context is None:
             raise ShapeError("this model was trained for inpainting with a context: call model(tokens, "
                              "context=model.make_context(images, masks))")
-        c = (cfg.channels + 1) * (2 * cfg.context_slices + 1)
+        c = context_channels(cfg.channels, cfg.context_slices, cfg.context_fill)
         if tuple(context.shape) != (batch, c, cfg.height, cfg.width):
             raise ShapeError(f"context must be ({batch}, {c}, {cfg.height}, {cfg.width}) "
                              f"(model.make_context); got {tuple(context.shape)}")

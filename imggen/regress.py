@@ -1,7 +1,7 @@
 """The BraTS inpainting winners' recipe, as a baseline: the context encoder alone, regressing the hole.
 
 `HoleRegressor` is the inpainting model's `ContextEncoder` (the same non-causal U-Net over the
-voided image + mask, imggen.context) with a small head (GELU, 1x1 convolution) that predicts every
+voided image + mask, and with `fill` "biharmonic" the hole's classic fill, imggen.context) with a small head (GELU, 1x1 convolution) that predicts every
 pixel's value directly, in the context's units ([-1, 1]). It is trained with an L1 or MSE loss on
 the hole pixels only (`hole_loss`), on the masks the context model trains on
 (imggen.tasks.training_masks: the data's own for half a batch, random blobs / rectangles / strokes
@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from imggen.augment import augment as augment_batch
 from imggen.context import ContextEncoder, make_context
 from imggen.errors import CheckpointError, ConfigError
 from imggen.tasks import training_masks
@@ -29,18 +30,22 @@ LOSSES = ("mse", "l1")
 
 
 class HoleRegressor(nn.Module):
-    def __init__(self, channels: int, height: int, width: int, width_features: int = 64, hidden: int = 64):
+    def __init__(self, channels: int, height: int, width: int, width_features: int = 64, hidden: int = 64,
+                 fill: str = "none"):
         super().__init__()
         self.settings = dict(channels=channels, height=height, width=width, width_features=width_features,
-                             hidden=hidden)
-        self.shape = (channels, height, width)
-        self.encoder = ContextEncoder(channels, height, width, width_features, hidden)
+                             hidden=hidden, fill=fill)
+        self.shape, self.fill = (channels, height, width), fill
+        self.encoder = ContextEncoder(channels, height, width, width_features, hidden, fill=fill)
         self.encoder.out.reset_parameters()  # the context model zero-inits it; a regressor needs a signal
         self.head = nn.Conv2d(hidden, channels, 1)
 
     def forward(self, ctx: torch.Tensor) -> torch.Tensor:
-        """context (B, C+1, H, W) -> predicted pixels (B, C, H, W) in [-1, 1] units."""
+        """context (B, C+1, H, W) (with a fill: (B, 2C+1, H, W)) -> pixels (B, C, H, W) in [-1, 1] units."""
         return self.head(F.gelu(self.encoder(ctx)))
+
+    def context(self, images, masks) -> torch.Tensor:
+        return make_context(images, masks, self.shape, fill=self.fill)
 
 
 def hole_loss(pred: torch.Tensor, images: torch.Tensor, masks: torch.Tensor, loss: str = "mse") -> torch.Tensor:
@@ -63,7 +68,7 @@ def predict(model: HoleRegressor, images, masks, batch_size: int = 64) -> np.nda
     out = images.clone()
     for i in range(0, len(images), batch_size):
         x, m = images[i:i + batch_size], masks[i:i + batch_size]
-        p = model(make_context(x, m, model.shape))
+        p = model(model.context(x, m))
         p = torch.clamp(torch.round((p + 1.0) * 127.5), 0, 255).to(torch.uint8)
         mm = m[:, None].expand_as(x)
         out[i:i + batch_size][mm] = p[mm]
@@ -79,10 +84,11 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
 
 def train_regressor(model: HoleRegressor, images: np.ndarray, data_masks: np.ndarray | None, *, steps: int,
                     batch_size: int = 8, lr: float = 2e-3, warmup: int = 30, seed: int = 0, loss: str = "mse",
-                    log=None, log_every: int = 50) -> dict:
+                    augment: bool = False, log=None, log_every: int = 50) -> dict:
     """Train on uint8 images (N, C, H, W) with the context model's training masks (`data_masks`: the
-    data's own (N, 1, H, W) or None). `log(dict)` receives {step, loss, lr, seconds} every
-    `log_every` steps. Returns {"steps", "seconds", "loss"} (the last logged mean loss)."""
+    data's own (N, 1, H, W) or None) and, with `augment`, its warps (imggen.augment, as
+    --train.augment). `log(dict)` receives {step, loss, lr, seconds} every `log_every` steps.
+    Returns {"steps", "seconds", "loss"} (the last logged mean loss)."""
     if steps < 1 or batch_size < 1 or lr <= 0:
         raise ConfigError(f"regression training needs steps >= 1, batch_size >= 1, lr > 0; got {steps}, "
                           f"{batch_size}, {lr}")
@@ -99,9 +105,12 @@ def train_regressor(model: HoleRegressor, images: np.ndarray, data_masks: np.nda
         idx = order.integers(0, len(images), batch_size)
         masks = torch.from_numpy(training_masks(seed, step, idx, data_masks, h, w))
         x = images[idx]
+        if augment:
+            x, masks, _ = augment_batch(x, masks, np.random.default_rng([seed, step, 3]))
+            masks = torch.from_numpy(masks)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr, warmup)
-        value = hole_loss(model(make_context(x, masks, model.shape)), x, masks, loss)
+        value = hole_loss(model(model.context(x, masks)), x, masks, loss)
         opt.zero_grad(set_to_none=True)
         value.backward()
         opt.step()

@@ -15,11 +15,13 @@ import os
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
 from imggen import checkpoint as ck
+from imggen.augment import augment_tokens
 from imggen.config import Config
 from imggen.errors import CheckpointError, ConfigError, Interrupted, TrainingError
 from imggen.model import ImageTransformer
@@ -289,12 +291,16 @@ def next_batch(run: Run):
     process would; every process knows the global mask count without communicating)."""
     t, m = run.cfg.train, run.cfg.model
     idx = batch_indices(run.step, t.batch_size, len(run.splits["train"]), t.seed)
-    x = run.splits["train"][idx[run.rank::run.world]].long().to(run.device)
-    if t.task != "inpaint":
-        return x, None, None, None
-    masks, stack = split_masks(run.cfg, run.splits, "train", t.batch_size, run.step, idx.numpy())
     part = slice(run.rank, None, run.world)
-    context, loss_mask = inpaint_inputs(run.model, x, masks[part], None if stack is None else stack[part])
+    x = run.splits["train"][idx[part]].long().to(run.device)
+    rng = np.random.default_rng([t.seed, run.step, 3])  # train.augment's warps: (seed, step) as the masks
+    if t.task != "inpaint":
+        return (augment_tokens(x, None, rng, m, part)[0] if t.augment else x), None, None, None
+    masks, stack = split_masks(run.cfg, run.splits, "train", t.batch_size, run.step, idx.numpy())
+    stack = None if stack is None else stack[part]
+    if t.augment:
+        x, masks, stack = augment_tokens(x, masks, rng, m, part, stack)
+    context, loss_mask = inpaint_inputs(run.model, x, masks[part], stack)
     mid = masks[:, m.context_slices] if m.context_slices else masks  # the slices being filled
     return x, context, loss_mask, ddp_mask_norm(mid, m.channels, run.world)
 

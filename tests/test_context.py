@@ -225,3 +225,74 @@ def test_context_slices_model_config_and_old_configs(tmp_path):
             _write_manifest(str(cfg_file.parent))
     old = imggen.load_model(str(tmp_path / "old"))
     assert old.config.context_slices == 0 and old.context.inp.in_channels == 2
+
+
+# ------------------------------------------------------- the classic fill as context (model.context_fill)
+def test_classic_fill_channel_against_skimage():
+    from skimage.restoration import inpaint_biharmonic
+
+    from imggen.context import classic_fill, context_channels, make_context
+
+    g = torch.Generator().manual_seed(3)
+    images = torch.randint(0, 256, (3, 1, 9, 10), dtype=torch.uint8, generator=g)
+    masks = torch.zeros(3, 9, 10, dtype=torch.bool)
+    masks[0, 2:5, 3:7] = True
+    masks[1, 6:, :4] = True
+    masks[2] = True  # nothing known: the fill is 0 (mid-grey)
+    fill = classic_fill(images, masks)
+    for i in range(2):
+        want = inpaint_biharmonic(images[i, 0].double().numpy() / 255.0, masks[i].numpy())
+        np.testing.assert_allclose(fill[i, 0].numpy(), np.clip(want, 0, 1) * 2 - 1, atol=1e-6)
+        known = ~masks[i]
+        np.testing.assert_allclose(fill[i, 0][known].numpy(), images[i, 0][known].numpy() / 127.5 - 1, atol=1e-6)
+    assert (fill[2] == 0).all()
+    ctx = make_context(images[:2], masks[:2], (1, 9, 10), fill="biharmonic")
+    assert ctx.shape == (2, 3, 9, 10) and context_channels(1, 0, "biharmonic") == 3
+    assert torch.equal(ctx[:, [0, 2]], make_context(images[:2], masks[:2], (1, 9, 10)))
+    assert torch.equal(ctx[:, 1:2], fill[:2])
+    # 2.5-D: [voided, fill, mask] per slice; an RGB image fills every channel
+    stack = images[:2, None].repeat(1, 3, 1, 1, 1)
+    smasks = masks[:2, None].repeat(1, 3, 1, 1)
+    assert make_context(stack, smasks, (1, 9, 10), slices=1, fill="biharmonic").shape == (2, 9, 9, 10)
+    rgb = torch.randint(0, 256, (1, 3, 9, 10), dtype=torch.uint8, generator=g)
+    assert make_context(rgb, masks[:1], (3, 9, 10), fill="biharmonic").shape == (1, 7, 9, 10)
+    assert context_channels(3, 2, "biharmonic") == 35 and context_channels(1, 2) == 10
+
+
+def test_context_fill_model_config_and_old_configs(tmp_path):
+    from imggen.checkpoint import save_checkpoint
+    from imggen.config import Config, TrainConfig
+
+    cfg = ModelConfig(height=6, width=7, channels=1, bits=4, dim=32, layers=1, heads=2, attention="local2d,band",
+                      window=9, context="unet", context_fill="biharmonic", backend="cpu")
+    torch.manual_seed(0)
+    m = ImageTransformer(cfg).eval()
+    torch.nn.init.normal_(m.context.out.weight, std=0.5)
+    assert m.context.inp.in_channels == 3
+    images, masks = data(m)
+    ctx = m.make_context(images, masks)
+    assert ctx.shape == (2, 3, 6, 7)
+    filled, _ = inpaint_images(m, images, masks, context=ctx, seed=0)
+    assert torch.equal(filled[:, 0][:, :, ~masks[0]], images[:, :, ~masks[0]])
+    with torch.no_grad():  # cached decode equals the full forward with the fill channel too
+        tokens = torch.randint(0, 16, (2, cfg.seq_len))
+        assert torch.allclose(teacher_force(m, tokens, context=ctx), m(tokens, context=ctx), atol=1e-4)
+    with pytest.raises(ShapeError, match=r"context must be \(2, 3, 6, 7\)"):
+        m(tokens, context=ctx[:, [0, 2]])  # a context made without the fill
+    for bad, msg in [(dict(context_fill="mean"), "none, biharmonic"),
+                     (dict(context="none", context_fill="biharmonic"), "needs model.context unet")]:
+        with pytest.raises(ConfigError, match=msg):
+            ModelConfig(height=6, width=7, **{"context": "unet", **bad}).validate()
+    m2 = model()  # a checkpoint written before the field existed loads without the fill
+    save_checkpoint(str(tmp_path / "old"), 1, m2, Config(model=m2.config, train=TrainConfig(task="inpaint")))
+    from imggen.checkpoint import MANIFEST, _write_manifest
+    for cfg_file in (tmp_path / "old").rglob("config.json"):
+        d = json.loads(cfg_file.read_text())
+        del d["model"]["context_fill"]
+        del d["train"]["augment"]
+        cfg_file.write_text(json.dumps(d))
+        if (cfg_file.parent / MANIFEST).exists():
+            os.remove(cfg_file.parent / MANIFEST)
+            _write_manifest(str(cfg_file.parent))
+    old = imggen.load_model(str(tmp_path / "old"))
+    assert old.config.context_fill == "none" and old.context.inp.in_channels == 2

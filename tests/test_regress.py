@@ -90,3 +90,29 @@ def test_save_load_roundtrip(tmp_path):
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError):
         load(tmp_path / "bad.pt")
+
+
+def test_fill_and_augment_options(tmp_path):
+    """The classic-fill channel (as model.context_fill) survives save / load; a regressor saved before
+    the option existed loads without it; augmented training runs and differs from plain training."""
+    torch.manual_seed(0)
+    model = HoleRegressor(1, 16, 16, width_features=8, hidden=8, fill="biharmonic")
+    assert model.encoder.inp.in_channels == 3
+    images, masks = _data(2), np.zeros((2, 16, 16), bool)
+    masks[:, 3:9, 3:9] = True
+    save(model, tmp_path / "f.pt")
+    back, _ = load(tmp_path / "f.pt")
+    assert back.fill == "biharmonic" and np.array_equal(predict(model, images, masks), predict(back, images, masks))
+    plain = HoleRegressor(1, 16, 16, width_features=8, hidden=8)
+    blob = {"settings": {k: v for k, v in plain.settings.items() if k != "fill"}, "state": plain.state_dict()}
+    torch.save(blob, tmp_path / "old.pt")
+    old, _ = load(tmp_path / "old.pt")
+    assert old.fill == "none" and old.encoder.inp.in_channels == 2
+    data = _data(16)
+    runs = []
+    for aug in (False, True):
+        torch.manual_seed(0)
+        m = HoleRegressor(1, 16, 16, width_features=8, hidden=8)
+        train_regressor(m, data, None, steps=3, batch_size=4, augment=aug)
+        runs.append(m.state_dict())
+    assert not all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
