@@ -129,9 +129,10 @@ def train_bpd(out: str) -> list[float]:
     return [r["train_bpd"] for r in rows if "train_bpd" in r]
 
 
-@pytest.mark.parametrize("task", ["generate", "inpaint"])
-def test_ddp_logged_train_bpd_is_the_single_process_one(tmp_path, task):
+@pytest.mark.parametrize("task,augment", [("generate", False), ("inpaint", False), ("inpaint", True)])
+def test_ddp_logged_train_bpd_is_the_single_process_one(tmp_path, task, augment):
     cfg = cfg_for(task)
+    cfg.train.augment = augment  # the warps are drawn for the global batch: each process warps its share alike
     data = splits(cfg)
     spawn(_train_worker, cfg, data, str(tmp_path / "two"))
     train(cfg, str(tmp_path / "one"), data=data, progress=False)
