@@ -2,7 +2,8 @@
 L1 / MSE loss on the hole), on the training split of a data spec at the context model's size.
 
     python bench/train_regress.py --data brats-demo --size 64 --steps 3000 --out runs/b64reg
-        [--batch-size 8] [--lr 2e-3] [--loss mse|l1] [--width 64] [--hidden 64] [--fill biharmonic] [--augment] [--threads N]
+        [--batch-size 8] [--lr 2e-3] [--loss mse|l1] [--width 64] [--hidden 64] [--fill biharmonic]
+        [--augment] [--threads N]
 
 Writes OUT/regress.pt (weights, settings and the training budget: steps, seconds, machine) and
 OUT/log.jsonl (step, mean loss, lr, seconds). The masks are the context model's training masks
@@ -67,8 +68,8 @@ def main(argv=None) -> int:
                                  warmup=args.warmup, seed=args.seed, loss=args.loss,
                                  augment=args.augment, log=log)
     info = {**result, "batch_size": args.batch_size, "lr": args.lr, "loss_kind": args.loss, "augment": args.augment,
-            "data": args.data,
-            "params": n_params, "threads": torch.get_num_threads(), "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",
+            "data": args.data, "params": n_params, "threads": torch.get_num_threads(),
+            "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": command_line("train_regress.py", argv)}
     save(model, os.path.join(args.out, "regress.pt"), **info)
     print(f"saved {os.path.join(args.out, 'regress.pt')}: {result['steps']} steps in {result['seconds']:.0f} s")

@@ -89,13 +89,13 @@ def make_context(images, masks, shape: tuple[int, int, int], slices: int = 0, fi
     slice to fill; a neighbour outside the volume is a slice whose mask is all True (its image is
     then voided entirely: zero image, all unknown) -> float (B, (2s+1)(C+1), H, W), [voided slice,
     mask] per slice in z order. Only the middle slice must have an unknown pixel."""
+    if fill not in FILLS:
+        raise ShapeError(f"context fill must be one of {', '.join(FILLS)}, got {fill!r}")
     if not slices:
         images, masks = _voided(images, masks, shape)
         if not bool(masks.flatten(1).any(1).all()):
             raise ShapeError("a context mask marks no pixel as unknown (True = unknown); nothing to inpaint")
         return _channels(images, masks, fill)
-    if fill not in FILLS:
-        raise ShapeError(f"context fill must be one of {', '.join(FILLS)}, got {fill!r}")
     k = 2 * slices + 1
     images, masks = torch.as_tensor(images), torch.as_tensor(masks)
     if (images.dim() != 5 or images.shape[1] != k or masks.dim() != 4

@@ -257,6 +257,8 @@ def test_classic_fill_channel_against_skimage():
     rgb = torch.randint(0, 256, (1, 3, 9, 10), dtype=torch.uint8, generator=g)
     assert make_context(rgb, masks[:1], (3, 9, 10), fill="biharmonic").shape == (1, 7, 9, 10)
     assert context_channels(3, 2, "biharmonic") == 35 and context_channels(1, 2) == 10
+    with pytest.raises(ShapeError, match="none, biharmonic"):
+        make_context(images[:2], masks[:2], (1, 9, 10), fill="mean")
 
 
 def test_context_fill_model_config_and_old_configs(tmp_path):
