@@ -69,15 +69,16 @@ def warp_masks(masks, theta: torch.Tensor) -> torch.Tensor:
 
 
 def augment(images: torch.Tensor, masks, rng: np.random.Generator, stack: torch.Tensor | None = None,
-            middle: int | None = None, rows=None):
+            middle: int | None = None, rows=None, batch: int | None = None):
     """The augmented (images, masks, stack) of a batch of B items.
 
     masks: bool (B, H, W), or (B, 2s+1, H, W) with `middle` = s for a 2.5-D stack, or None
     (generation); images: uint8 (b, C, H, W), the items `rows` (a slice, default: all) of the batch;
     stack: uint8 (b, 2s+1, C, H, W) of the same items, or None. The maps are drawn for all B items,
     so every process of a DDP run draws the same ones and knows the global batch's masks (its loss
-    divisor); images and stack are this process's share. Returns the masks as a bool array."""
-    b = len(images) if masks is None else int(np.asarray(masks).shape[0])
+    divisor); images and stack are this process's share. Without masks, `batch` is B when `rows`
+    picks a share. Returns the masks as a bool array."""
+    b = int(np.asarray(masks).shape[0]) if masks is not None else len(images) if rows is None else batch
     theta, gamma = random_params(b, rng)
     if masks is not None:
         given = torch.as_tensor(np.asarray(masks)).bool()
@@ -94,12 +95,13 @@ def augment(images: torch.Tensor, masks, rng: np.random.Generator, stack: torch.
     return images, masks, stack
 
 
-def augment_tokens(x: torch.Tensor, masks, rng: np.random.Generator, model_cfg, rows=None, stack=None):
+def augment_tokens(x: torch.Tensor, masks, rng: np.random.Generator, model_cfg, rows=None, stack=None,
+                   batch: int | None = None):
     """`augment` of token sequences (b, N) of a model config's images -> (tokens on x's device,
     masks, stack); a 2.5-D stack's middle slice is the model's context_slices."""
     from imggen.tokens import detokenize_tokens, tokenize
 
     images = detokenize_tokens(x.cpu(), model_cfg.bits, model_cfg.shape)
     middle = model_cfg.context_slices if (masks is not None and model_cfg.context_slices) else None
-    images, masks, stack = augment(images, masks, rng, stack, middle, rows)
+    images, masks, stack = augment(images, masks, rng, stack, middle, rows, batch)
     return tokenize(images, model_cfg.bits, model_cfg.shape).to(x.device), masks, stack

@@ -295,7 +295,7 @@ def next_batch(run: Run):
     x = run.splits["train"][idx[part]].long().to(run.device)
     rng = np.random.default_rng([t.seed, run.step, 3])  # train.augment's warps: (seed, step) as the masks
     if t.task != "inpaint":
-        return (augment_tokens(x, None, rng, m, part)[0] if t.augment else x), None, None, None
+        return (augment_tokens(x, None, rng, m, part, batch=t.batch_size)[0] if t.augment else x), None, None, None
     masks, stack = split_masks(run.cfg, run.splits, "train", t.batch_size, run.step, idx.numpy())
     stack = None if stack is None else stack[part]
     if t.augment:

@@ -66,6 +66,10 @@ def test_ddp_shares_equal_the_whole_batch_rows():
         part = slice(rank, None, 2)
         got, gm, _ = augment(x[part], m, np.random.default_rng(5), rows=part)
         assert torch.equal(got, whole[part]) and np.array_equal(gm, wm)
+        # generation (no masks): the share's maps are the whole batch's rows too
+        plain, _, _ = augment(x, None, np.random.default_rng(5))
+        got, _, _ = augment(x[part], None, np.random.default_rng(5), rows=part, batch=len(x))
+        assert torch.equal(got, plain[part])
 
 
 def test_an_item_that_would_lose_its_hole_is_unchanged():

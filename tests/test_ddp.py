@@ -129,7 +129,8 @@ def train_bpd(out: str) -> list[float]:
     return [r["train_bpd"] for r in rows if "train_bpd" in r]
 
 
-@pytest.mark.parametrize("task,augment", [("generate", False), ("inpaint", False), ("inpaint", True)])
+@pytest.mark.parametrize("task,augment", [("generate", False), ("inpaint", False), ("generate", True),
+                                          ("inpaint", True)])
 def test_ddp_logged_train_bpd_is_the_single_process_one(tmp_path, task, augment):
     cfg = cfg_for(task)
     cfg.train.augment = augment  # the warps are drawn for the global batch: each process warps its share alike
