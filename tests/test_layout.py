@@ -6,9 +6,23 @@ import os
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# installed name -> folder (pyproject's package-dir mapping)
-PACKAGES = {"imggen": "imggen", "imggen.patterns": "imggen/patterns", "imggen.kernels": "kernels",
-            "imggen.datasets": "datasets", "imggen.eval": "eval"}
+# installed name -> folder: setup.py's roots (kernels/, datasets/, eval/ install inside imggen) and
+# every package folder below them, as setup.py finds them
+ROOTS = {"imggen": "imggen", "imggen.kernels": "kernels", "imggen.datasets": "datasets", "imggen.eval": "eval"}
+
+
+def _packages() -> dict[str, str]:
+    found = {}
+    for name, folder in ROOTS.items():
+        for dirpath, dirnames, files in os.walk(os.path.join(ROOT, folder)):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            if "__init__.py" in files:
+                rel = os.path.relpath(dirpath, os.path.join(ROOT, folder))
+                found[name if rel == "." else f"{name}.{rel.replace(os.sep, '.')}"] = os.path.relpath(dirpath, ROOT)
+    return found
+
+
+PACKAGES = _packages()
 MAX_LINES = 400
 
 
