@@ -23,9 +23,11 @@ from tqdm import tqdm
 from imggen import checkpoint as ck
 from imggen.augment import augment_tokens
 from imggen.config import Config
-from imggen.errors import CheckpointError, ConfigError, Interrupted, TrainingError
+from imggen.errors import CheckpointError, ConfigError, Interrupted, StorageError, TrainingError
 from imggen.model import ImageTransformer
 from imggen.batches import batch_indices, ddp_mask_norm, load_data, unigram_bpd
+from imggen.runlock import RunLock
+from imggen.storage import atomic_write_text
 from imggen.runlog import Logger, StopSignal, final_grid, final_metrics, sample_grid
 from imggen.tasks import inpaint_inputs, split_masks
 
@@ -174,7 +176,7 @@ def setup(cfg: Config, out: str, resume: bool, overwrite: bool, device: str | No
         if run.main:
             print(f"resumed {out} at step {run.step} from {found}")
     if run.main:
-        ck._atomic_write_text(os.path.join(out, "config.json"), cfg.to_json())
+        atomic_write_text(os.path.join(out, "config.json"), cfg.to_json())
     run.splits = data if data is not None else load_data(cfg, progress)[0]
     if run.main:
         print(f"data {cfg.data.spec}: {len(run.splits['train'])} train / {len(run.splits['val'])} val / "
@@ -227,7 +229,26 @@ def evaluate(run: Run, split: str, limit: int | None = None) -> float:
 def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, device: str | None = None,
           data: dict | None = None, progress: bool = True, hooks: dict | None = None, governor=None) -> dict:
     """Train `cfg` into run directory `out`. Returns final metrics. `data` = pre-tokenised splits;
-    `governor` (imggen.threads) adapts the CPU thread count as other processes come and go."""
+    `governor` (imggen.threads) adapts the CPU thread count as other processes come and go.
+
+    The process that writes `out` (rank 0) holds its lock (imggen.runlock) from before the first
+    write to the end: a folder another live run holds is RunBusy. A write that fails for want of
+    storage is one StorageError naming the path, the last good checkpoint and the --resume command."""
+    lock = RunLock(out).acquire() if int(os.environ.get("RANK", "0")) == 0 else None
+    try:
+        return _train(cfg, out, resume, overwrite, device, data, progress, hooks, governor)
+    except StorageError as e:
+        found = ck.find_checkpoint(out) if os.path.isdir(out) else None
+        then = (f"the last good checkpoint is step {ck.step_of(found)} ({found}); free space (or make the folder "
+                f"writable), then continue with: python train.py --out {out} --resume") if found else \
+            "no checkpoint was saved; free space (or make the folder writable) and start again"
+        raise StorageError(f"{e}; {then}", e.errno) from None
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(cfg, out, resume, overwrite, device, data, progress, hooks, governor) -> dict:
     run = setup(cfg, out, resume, overwrite, device, data, progress)
     run.progress = progress
     t = cfg.train
@@ -330,7 +351,7 @@ def finish(run: Run, logger: Logger, train_s: float) -> dict:
         run.metrics.update(test_bpd=test, unigram_bpd=uni, steps=run.step)
         logger.log(run.step, test_bpd=test)
         grid = final_grid(run, train_s)
-        ck._atomic_write_text(os.path.join(run.out, "metrics.json"), json.dumps(run.metrics, indent=2))
+        atomic_write_text(os.path.join(run.out, "metrics.json"), json.dumps(run.metrics, indent=2))
         print(f"test bits/dim {test:.3f} (unigram entropy of the data {uni:.3f} bits/dim); "
               f"checkpoint {run.last_good}; samples {grid}")
     if run.world > 1:
