@@ -89,10 +89,11 @@ def save_checkpoint(run_dir: str, step: int, model, cfg: Config, state: dict | N
         os.replace(tmp, final)
         tmp = None
     atomic_write_text(os.path.join(ckpts, "LATEST"), name)
-    # keep the newest `keep`; a folder with a higher step is left from a run this one overwrote
+    # keep the newest `keep`; a folder with a higher step is left from a run this one overwrote; a .tmp-
+    # folder is a save cut short by kill -9 (a run folder has one writer: this process holds its lock)
     others = [d for d in os.listdir(ckpts) if _STEP.fullmatch(d) and d != name]
     older = sorted(d for d in others if _step(d) < step)
-    stale = [d for d in others if _step(d) > step]
+    stale = [d for d in others if _step(d) > step] + [d for d in os.listdir(ckpts) if d.startswith(".tmp-")]
     for d in stale + older[: max(0, len(older) - (keep - 1))]:
         shutil.rmtree(os.path.join(ckpts, d), ignore_errors=True)
     return final

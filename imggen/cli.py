@@ -15,7 +15,7 @@ import torch
 
 from imggen.attention import forced_backend
 from imggen.config import BACKENDS, PATTERN_PARAMS, PRESETS, Config, apply_override, preset
-from imggen.errors import ConfigError, ImggenError, Interrupted, ShapeError, StorageError
+from imggen.errors import ConfigError, ImggenError, Interrupted, ShapeError, StorageError, WorkerLost
 from imggen.memory import save_limit
 from imggen.tasks import TASKS
 from imggen.threads import set_threads
@@ -227,9 +227,9 @@ def train_main(argv=None) -> int:
     except Interrupted as e:
         print(str(e), file=sys.stderr)
         return 130
-    except ImggenError as e:  # storage failures: 1; bad input and the rest: 2
+    except ImggenError as e:  # a full disk or a dead worker: 1; bad input and the rest: 2
         print(f"train.py: error: {e}", file=sys.stderr)
-        return 1 if isinstance(e, StorageError) else 2
+        return 1 if isinstance(e, (StorageError, WorkerLost)) else 2
     return 0
 
 

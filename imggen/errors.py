@@ -40,3 +40,7 @@ class StorageError(ImggenError):
 
 class RunBusy(ImggenError):
     """A run folder another live process is training into (its lock is held; exit code 2)."""
+
+
+class WorkerLost(TrainingError):
+    """Under torchrun: another process of the run died, so its collectives failed (exit code 1)."""

@@ -9,6 +9,7 @@ import contextlib
 import errno
 import os
 import shutil
+import sys
 import tempfile
 
 from imggen.errors import StorageError
@@ -17,6 +18,14 @@ CODES = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, err
 _TEXT = {"no space left": errno.ENOSPC, "os error 28": errno.ENOSPC, "quota": errno.EDQUOT,
          "os error 122": errno.EDQUOT, "read-only file system": errno.EROFS, "os error 30": errno.EROFS}
 LOW_FREE = 1 << 20  # a write that failed where less than this is free failed for want of space
+_noted: set[str] = set()
+
+
+def note_once(msg: str) -> None:
+    """One 'note: MSG' line on stderr, once per process (e.g. a damaged cache entry being rebuilt)."""
+    if msg not in _noted:
+        _noted.add(msg)
+        print(f"note: {msg}", file=sys.stderr, flush=True)
 
 
 def _existing(path: str) -> str:

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from imggen import checkpoint as ck
 from imggen.augment import augment_tokens
 from imggen.config import Config
-from imggen.errors import CheckpointError, ConfigError, Interrupted, StorageError, TrainingError
+from imggen.errors import CheckpointError, ConfigError, Interrupted, StorageError, TrainingError, WorkerLost
 from imggen.model import ImageTransformer
 from imggen.batches import batch_indices, ddp_mask_norm, load_data, unigram_bpd
 from imggen.runlock import RunLock
@@ -238,11 +238,7 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
     try:
         return _train(cfg, out, resume, overwrite, device, data, progress, hooks, governor)
     except StorageError as e:
-        found = ck.find_checkpoint(out) if os.path.isdir(out) else None
-        then = (f"the last good checkpoint is step {ck.step_of(found)} ({found}); free space (or make the folder "
-                f"writable), then continue with: python train.py --out {out} --resume") if found else \
-            "no checkpoint was saved; free space (or make the folder writable) and start again"
-        raise StorageError(f"{e}; {then}", e.errno) from None
+        raise StorageError(f"{e}; {_resume_hint(out, 'free space (or make the folder writable)')}", e.errno) from None
     finally:
         if lock is not None:
             lock.release()
@@ -289,8 +285,36 @@ def _train(cfg, out, resume, overwrite, device, data, progress, hooks, governor)
             except TrainingError as e:
                 bar.close()
                 raise TrainingError(f"{e}; {_stopped(run)}") from None
+            except RuntimeError as e:
+                if run.world == 1 or not _lost_peer(e):
+                    raise
+                bar.close()
+                raise WorkerLost(f"rank {run.rank}: another process of this run is gone ({_first_line(e)}), so "
+                                 f"training stopped at step {run.step}; {_resume_hint(out)}") from None
     bar.close()
     return finish(run, logger, time.time() - t_start)
+
+
+def _resume_hint(out: str, fix: str = "") -> str:
+    """Where a stopped run can continue from: its newest complete checkpoint and the command."""
+    found = ck.find_checkpoint(out) if os.path.isdir(out) else None
+    fix = f"{fix}, then " if fix else ""
+    if found is None:
+        return f"no checkpoint was saved; {fix}start again"
+    return f"the last good checkpoint is step {ck.step_of(found)} ({found}); {fix}continue with: python train.py " \
+           f"--out {out} --resume"
+
+
+def _lost_peer(e: RuntimeError) -> bool:
+    """Whether a collective failed because another process of the job died (gloo / NCCL)."""
+    text = str(e)
+    return isinstance(e, dist.DistError) or any(s in text for s in (
+        "Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL", "gloo"))
+
+
+def _first_line(e: Exception) -> str:
+    line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return line.split("] ", 1)[-1].split(". ")[0][:160]  # gloo's "[file.cc:561] " prefix and advice off
 
 
 def _stopped(run: Run) -> str:
