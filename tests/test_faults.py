@@ -299,3 +299,66 @@ def test_a_real_full_disk_is_one_line_and_resume_continues_once_space_is_back(tm
     r = _train(["--steps", str(saved + 2), "--out", run, "--resume"])
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"resumed {run} at step {saved}" in r.stdout and _steps(run)[-1] == saved + 2
+
+
+# --------------------------------------------------------------------------------- a dead worker
+STOP_S = 60  # README: the surviving processes stop within this (measured: about 1 s on the 2-core box)
+
+
+def _workers(agent: int) -> dict[int, int]:
+    """rank -> pid of the worker processes torchrun's agent `agent` started."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x)
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == agent and b"RANK" in env:
+            found[int(env[b"RANK"])] = int(pid)
+    return found
+
+
+def _torchrun_and_kill(run, rank, *extra, steps=100000):
+    """Train `run` under torchrun (2 gloo processes), kill -9 worker `rank` once training is under way;
+    -> (torchrun's return code, its output, seconds from the kill to torchrun's exit)."""
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *extra,
+                             "train.py", *SMALL, "--steps", str(steps), "--out", run], cwd=REPO, env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(_steps(run)) < 8:
+        time.sleep(0.05)
+    workers = _workers(proc.pid)
+    assert sorted(workers) == [0, 1], workers
+    os.kill(workers[rank], signal.SIGKILL)
+    killed = time.time()
+    out, _ = proc.communicate(timeout=STOP_S + 60)
+    return proc.returncode, out, time.time() - killed
+
+
+def test_a_killed_ddp_worker_stops_the_run_within_the_stated_time_and_resume_continues(tmp_path):
+    run = str(tmp_path / "run")
+    rc, out, took = _torchrun_and_kill(run, 1, "--max-restarts", "0")
+    assert rc != 0 and took < STOP_S, (took, out[-3000:])
+    lost = [line for line in out.splitlines() if "another process of this run is gone" in line]
+    assert lost and lost[0].startswith("train.py: error: rank 0: "), out[-3000:]
+    saved = ck.step_of(ck.find_checkpoint(run))
+    assert lost[0].endswith(f"the last good checkpoint is step {saved} ({run}/checkpoints/step_{saved:07d}); "
+                            f"continue with: python train.py --out {run} --resume")
+    r = _train(["--steps", str(saved + 2), "--out", run, "--resume"])  # one process continues the DDP run
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"resumed {run} at step {saved}" in r.stdout
+    assert "did not end cleanly" not in r.stderr  # rank 0 survived and gave its lock back
+    assert _steps(run) == list(range(1, saved + 3))
+
+
+def test_torchrun_max_restarts_resumes_from_the_last_good_checkpoint_after_rank_0_dies(tmp_path):
+    run = str(tmp_path / "run")
+    rc, out, _ = _torchrun_and_kill(run, 0, "--max-restarts", "1", steps=40)
+    assert rc == 0, out[-3000:]
+    assert "torchrun restarted the workers (restart 1); resuming" in out
+    assert "did not end cleanly" in out  # the dead rank 0's lock, taken over by the new rank 0
+    assert "resumed " in out and json.load(open(os.path.join(run, "metrics.json")))["steps"] == 40
+    assert _steps(run) == list(range(1, 41))
