@@ -362,3 +362,75 @@ def test_torchrun_max_restarts_resumes_from_the_last_good_checkpoint_after_rank_
     assert "did not end cleanly" in out  # the dead rank 0's lock, taken over by the new rank 0
     assert "resumed " in out and json.load(open(os.path.join(run, "metrics.json")))["steps"] == 40
     assert _steps(run) == list(range(1, 41))
+
+
+# ------------------------------------------------------------------------------- damaged caches
+def test_damaged_render_cache_entries_are_drawn_again_with_one_note(tmp_path, capfd):
+    from PIL import Image
+    from PIL.PngImagePlugin import PngInfo
+
+    from imggen.datasets import lazy
+    from imggen.datasets import molecules as M
+
+    style = M.style_for(32, 32)
+    mols = [s for s in M.read_smiles(M.SAMPLE)[:20] if M.draw_one(s, style)[0] == M.OK][:4]
+    first = lazy.LazyMolecules(mols, style, cache_dir=tmp_path, workers=1)[np.arange(4)]
+    cache = lazy.RenderCache(style, tmp_path)
+    truncated, altered = (cache._path(s).with_suffix(".png") for s in mols[:2])
+    truncated.write_bytes(truncated.read_bytes()[:60])
+    with Image.open(altered) as im:  # a PNG that decodes, to other pixels: what a flipped byte can give
+        pixels, digest = np.asarray(im), im.text[lazy.DIGEST]
+    info = PngInfo()
+    info.add_text(lazy.DIGEST, digest)
+    Image.fromarray(255 - pixels).save(altered, pnginfo=info)
+    capfd.readouterr()
+    again = lazy.LazyMolecules(mols, style, cache_dir=tmp_path, workers=1)
+    assert np.array_equal(again[np.arange(4)], first)  # redrawn: the right pixels, not the damaged ones
+    assert again.cache.damaged == 2 and again.cache.misses == 2 and again.cache.hits == 2
+    err = _lines(capfd.readouterr().err)
+    assert len(err) == 1 and err[0].startswith("note: render cache entry ") and "drawing it again" in err[0], err
+    fresh = lazy.LazyMolecules(mols, style, cache_dir=tmp_path, workers=1)  # rewritten whole
+    assert np.array_equal(fresh[np.arange(4)], first) and fresh.cache.hits == 4 and fresh.cache.damaged == 0
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_molecules_npz_is_rebuilt_with_one_note(tmp_path, capfd, damage):
+    from imggen.datasets import molecules as M
+
+    smiles = M.read_smiles(M.SAMPLE)[:6]
+    images, kept = M.render_smiles(smiles, 32, 32, workers=1, cache_dir=tmp_path, progress=False)
+    npz = next(tmp_path.glob("molecules-*.npz"))
+    data = bytearray(npz.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[len(data) // 2] ^= 0xFF
+    npz.write_bytes(bytes(data))
+    capfd.readouterr()
+    again, kept_again = M.render_smiles(smiles, 32, 32, workers=1, cache_dir=tmp_path, progress=False)
+    assert np.array_equal(again, images) and np.array_equal(kept_again, kept)
+    err = [line for line in _lines(capfd.readouterr().err) if line.startswith("note:")]
+    assert len(err) == 1 and f"molecule render cache {npz} is damaged" in err[0], err
+    with np.load(npz) as z:  # rebuilt: intact again
+        assert np.array_equal(z["images"], images)
+
+
+def test_a_damaged_native_library_is_rebuilt_with_one_note(tmp_path, monkeypatch, capfd):
+    import shutil
+
+    from imggen import native
+    if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("IMGGEN_CACHE_DIR", str(tmp_path))
+    path = native.build()
+    good = open(path, "rb").read()
+    with open(path, "r+b") as f:
+        f.truncate(len(good) // 2)
+    capfd.readouterr()
+    again = native.build()
+    err = _lines(capfd.readouterr().err)
+    assert len(err) == 1 and f"the cached native kernel library {path} is damaged" in err[0], err
+    rebuilt = open(again, "rb").read()  # whole again, named by its sha256 (the same build where cc is deterministic)
+    assert len(rebuilt) > len(good) // 2 and os.path.basename(again).endswith(native._file_sha256(again)[:16] + ".so")
+    assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(again)]
+    assert native.build() == again and _lines(capfd.readouterr().err) == []  # and used as it is from then on
