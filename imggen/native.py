@@ -25,13 +25,13 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import warnings
 
 import torch
 
 from imggen.errors import ShapeError
-from imggen.storage import note_once
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native.c")
 PANEL = 16  # the panel width native.c is compiled for (its P)
@@ -67,8 +67,8 @@ def build(compiler: str | None = None) -> str:
     for path in sorted(glob.glob(glob.escape(stem) + "*.so")):  # named by its own sha256: checked before loading
         if os.path.basename(path)[len(os.path.basename(stem)):-3] == _file_sha256(path)[:16]:
             return path
-        note_once(f"the cached native kernel library {path} is damaged (it does not match the sha256 in its "
-                  f"name); building it again")
+        print(f"note: the cached native kernel library {path} is damaged (it does not match the sha256 in its "
+              f"name); building it again", file=sys.stderr, flush=True)
         with contextlib.suppress(OSError):
             os.unlink(path)
     os.makedirs(cache_dir(), exist_ok=True)
