@@ -356,7 +356,8 @@ def test_a_killed_ddp_worker_stops_the_run_within_the_stated_time_and_resume_con
 
 def test_torchrun_max_restarts_resumes_from_the_last_good_checkpoint_after_rank_0_dies(tmp_path):
     run = str(tmp_path / "run")
-    rc, out, _ = _torchrun_and_kill(run, 0, "--max-restarts", "1", steps=40)
+    # 3 restarts: a restarted gloo group can fail to connect once on a loaded machine (seen 1 in 4 here)
+    rc, out, _ = _torchrun_and_kill(run, 0, "--max-restarts", "3", steps=40)
     assert rc == 0, out[-3000:]
     assert "torchrun restarted the workers (restart 1); resuming" in out
     assert "did not end cleanly" in out  # the dead rank 0's lock, taken over by the new rank 0
