@@ -5,10 +5,12 @@ up front (MOSES train: 1.6M molecules, about an hour at ~500 mol/s).
 index array (numpy, list or torch) a stacked batch, a slice a lazy view. Each drawing is cached as
 a PNG (lossless, so a cached image has the pixels of a fresh one) under
 
-    <cache>/molrender-v1-<hash of style, size and RDKit version>/<ab>/<hash of the SMILES>.png
+    <cache>/molrender-v2-<hash of style, size and RDKit version>/<ab>/<hash of the SMILES>.png
 
 written to a temporary file and renamed (atomic: concurrent readers and workers never see half a
-file). A molecule that cannot be drawn (invalid, or too large for the fixed bond length) gets a
+file), with the sha256 of its pixels in a PNG text chunk: an entry that is truncated, does not
+decode or decodes to other pixels (a flipped byte that PNG decoders let through) is drawn again,
+with one note line on stderr per cache. A molecule that cannot be drawn (invalid, or too large for the fixed bond length) gets a
 `.skip` marker and is replaced by the next drawable one (index i+1, i+2, ...); `stats` counts the
 substitutions. A batch is drawn by `workers` threads (RDKit releases the GIL while it draws). `LazyTokens` is the same, tokenised per batch for training (imggen.training.load_data).
 """
@@ -25,8 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from imggen.errors import DataError
+from imggen.storage import note_once
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: entries carry the sha256 of their pixels
+DIGEST = "imggen-sha256"
 MAX_SUBSTITUTE = 256  # undrawable molecules in a row before giving up
 # threads drawing one batch: RDKit's drawing releases the GIL (160 molecules at 64 px: 0.91 s on one
 # thread, 0.48 s on two, on the 2-core box)
@@ -53,7 +57,7 @@ class RenderCache:
     def __init__(self, style, cache_dir=None, use_cache: bool = True):
         self.style, self.use_cache = style, use_cache
         self.root = style_dir(style, cache_dir)
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.damaged = 0
         self._lock = threading.Lock()
 
     def _count(self, hit: bool) -> None:
@@ -86,23 +90,41 @@ class RenderCache:
         return img if status == OK else None
 
     def _read(self, png: Path) -> np.ndarray | None:
+        """The cached drawing, or None when absent or damaged (then it is drawn again)."""
         from PIL import Image
         try:
             with Image.open(png) as im:
                 img = np.asarray(im.convert("L"))
-        except (OSError, ValueError):  # absent, or a damaged entry: draw it again
+                digest = getattr(im, "text", {}).get(DIGEST)
+        except FileNotFoundError:
             return None
-        return img if img.shape == (self.style.height, self.style.width) else None
+        except Exception as e:  # noqa: BLE001 - a damaged file: Pillow raises several types
+            return self._damaged(png, f"{type(e).__name__}: {e}")
+        if img.shape != (self.style.height, self.style.width):
+            return self._damaged(png, f"{img.shape[1]}x{img.shape[0]} px, not {self.style.width}x{self.style.height}")
+        if digest != hashlib.sha256(img.tobytes()).hexdigest():
+            return self._damaged(png, "its pixels do not match the checksum written with them")
+        return img
+
+    def _damaged(self, png: Path, why: str) -> None:
+        with self._lock:
+            first, self.damaged = not self.damaged, self.damaged + 1
+        if first:
+            note_once(f"render cache entry {png} is damaged ({why}); drawing it again (other damaged "
+                      f"entries of this cache are redrawn without a note)")
 
     def _write(self, path: Path, img) -> None:
         from PIL import Image
+        from PIL.PngImagePlugin import PngInfo
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             if img is None:
                 tmp.write_bytes(b"")
             else:
-                Image.fromarray(img).save(tmp, format="PNG")
+                info = PngInfo()
+                info.add_text(DIGEST, hashlib.sha256(np.ascontiguousarray(img).tobytes()).hexdigest())
+                Image.fromarray(img).save(tmp, format="PNG", pnginfo=info)
             os.replace(tmp, path)
         except OSError:  # a read-only or full cache only costs speed
             tmp.unlink(missing_ok=True)

@@ -22,6 +22,7 @@ import numpy as np
 
 from imggen.datasets import ImageSplits, split_indices
 from imggen.errors import DataError
+from imggen.storage import note_once
 
 DATA_DIR = Path(__file__).parent / "data"
 SAMPLE = DATA_DIR / "moses_sample.csv"
@@ -253,13 +254,15 @@ def _render(smiles, height, width, style, workers, cache_dir, progress, use_cach
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     fname = cache / f"molecules-{_cache_key(smiles, style)}.npz"
     if use_cache and fname.is_file():
-        try:
+        try:  # np.load checks each member's zip CRC: a truncated or altered file fails here
             with np.load(fname) as z:
                 images, status = z["images"], z["status"]
-        except (OSError, ValueError, KeyError, EOFError):
-            images = None  # corrupt cache entry: rebuild it
-        if images is not None:
+            if status.shape != (len(smiles),) or images.shape != (int((status == OK).sum()), 1, height, width):
+                raise ValueError(f"{images.shape[0]} images of {images.shape[1:]} for {len(status)} molecules")
             return images, status
+        except Exception as e:  # noqa: BLE001 - zipfile, numpy and zlib raise several types
+            note_once(f"molecule render cache {fname} is damaged ({type(e).__name__}: {e}); drawing the molecules "
+                      f"again")
 
     from tqdm import tqdm
     chunk = int(min(256, max(16, len(smiles) // (max(workers, 1) * 8) + 1)))

@@ -30,20 +30,12 @@ from safetensors.torch import load_file, save_file
 
 from imggen.config import Config
 from imggen.errors import CheckpointError
+from imggen.storage import atomic_write_text, writing
 
 MANIFEST = "manifest.json"
 REQUIRED = ("model.safetensors", "config.json")
 _STEP = re.compile(r"step_\d+")
 _warned: set[str] = set()
-
-
-def _atomic_write_text(path: str, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _sha256(path: str) -> str:
@@ -66,26 +58,42 @@ def _write_manifest(ckpt_dir: str) -> None:
 
 
 def save_checkpoint(run_dir: str, step: int, model, cfg: Config, state: dict | None = None, keep: int = 2) -> str:
+    """Write checkpoint `step` of run `run_dir` (atomically) and keep the newest `keep`. A write that
+    fails for want of storage is a StorageError naming the file; its temporary folder is removed and
+    the checkpoints written before are untouched."""
     ckpts = os.path.join(run_dir, "checkpoints")
-    os.makedirs(ckpts, exist_ok=True)
     name = f"step_{step:07d}"
-    tmp = tempfile.mkdtemp(dir=ckpts, prefix=".tmp-")
-    weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"step": str(step)})
-    with open(os.path.join(tmp, "config.json"), "w") as f:
-        f.write(cfg.to_json())
-    if state is not None:
-        torch.save(state, os.path.join(tmp, "state.pt"))
-    _write_manifest(tmp)
-    final = os.path.join(ckpts, name)
-    if os.path.exists(final):
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _atomic_write_text(os.path.join(ckpts, "LATEST"), name)
-    # keep the newest `keep`; a folder with a higher step is left from a run this one overwrote
+    final, tmp, where = os.path.join(ckpts, name), None, ckpts
+
+    def remove_tmp():
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    with writing(lambda: where, remove_tmp):  # `where`: the file being written when a write fails
+        os.makedirs(ckpts, exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=ckpts, prefix=".tmp-")
+        weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        where = os.path.join(final, "model.safetensors")  # named as it will be; written in tmp
+        save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"step": str(step)})
+        where = os.path.join(final, "config.json")
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            f.write(cfg.to_json())
+        if state is not None:
+            where = os.path.join(final, "state.pt")
+            with open(os.path.join(tmp, "state.pt"), "wb") as f:  # our file object: a full disk is its OSError
+                torch.save(state, f)
+        where = os.path.join(final, MANIFEST)
+        _write_manifest(tmp)
+        where = final
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        tmp = None
+    atomic_write_text(os.path.join(ckpts, "LATEST"), name)
+    # keep the newest `keep`; a folder with a higher step is left from a run this one overwrote; a .tmp-
+    # folder is a save cut short by kill -9 (a run folder has one writer: this process holds its lock)
     others = [d for d in os.listdir(ckpts) if _STEP.fullmatch(d) and d != name]
     older = sorted(d for d in others if _step(d) < step)
-    stale = [d for d in others if _step(d) > step]
+    stale = [d for d in others if _step(d) > step] + [d for d in os.listdir(ckpts) if d.startswith(".tmp-")]
     for d in stale + older[: max(0, len(older) - (keep - 1))]:
         shutil.rmtree(os.path.join(ckpts, d), ignore_errors=True)
     return final
@@ -102,7 +110,7 @@ def set_aside(ckpt_dir: str) -> tuple[str, str | None]:
     latest, _ = _search(os.path.dirname(ckpts))
     pointer = os.path.join(ckpts, "LATEST")
     if latest:
-        _atomic_write_text(pointer, os.path.basename(latest))
+        atomic_write_text(pointer, os.path.basename(latest))
     elif os.path.exists(pointer):
         os.remove(pointer)
     return aside, latest
@@ -110,6 +118,11 @@ def set_aside(ckpt_dir: str) -> tuple[str, str | None]:
 
 def _step(name: str) -> int:
     return int(name.split("_", 1)[1])
+
+
+def step_of(ckpt_dir: str) -> int:
+    """The step of checkpoint folder `ckpt_dir` (RUN/checkpoints/step_0000200 -> 200)."""
+    return _step(os.path.basename(ckpt_dir))
 
 
 def verify(ckpt_dir: str, files=None) -> str | None:

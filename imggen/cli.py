@@ -15,7 +15,7 @@ import torch
 
 from imggen.attention import forced_backend
 from imggen.config import BACKENDS, PATTERN_PARAMS, PRESETS, Config, apply_override, preset
-from imggen.errors import ConfigError, ImggenError, Interrupted, ShapeError
+from imggen.errors import ConfigError, ImggenError, Interrupted, ShapeError, StorageError, WorkerLost
 from imggen.memory import save_limit
 from imggen.tasks import TASKS
 from imggen.threads import set_threads
@@ -135,10 +135,16 @@ def config_from_args(argv=None) -> tuple[Config, argparse.Namespace]:
     ap = train_parser()
     args, rest = ap.parse_known_args(argv)
     args.out = args.out or os.path.join("runs", args.preset or "demo")
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0  # torchrun --max-restarts
     try:
-        cfg = _checkpoint_config(args.out) if args.resume else None
+        cfg = _checkpoint_config(args.out) if args.resume or restarted else None
     except ImggenError as e:
         ap.error(str(e))
+    if restarted and cfg is not None and not args.resume:  # continue, never start again, from the last checkpoint
+        args.resume, args.overwrite = True, False
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"note: torchrun restarted the workers (restart {os.environ['TORCHELASTIC_RESTART_COUNT']}); "
+                  f"resuming {args.out} from its last good checkpoint", file=sys.stderr, flush=True)
     if cfg is not None and args.preset and args.preset != cfg.preset:
         ap.error(f"--resume: {args.out} was trained with --preset {cfg.preset}, not {args.preset}")
     cfg = cfg or preset(args.preset or "demo")
@@ -221,9 +227,9 @@ def train_main(argv=None) -> int:
     except Interrupted as e:
         print(str(e), file=sys.stderr)
         return 130
-    except ImggenError as e:
+    except ImggenError as e:  # a full disk or a dead worker: 1; bad input and the rest: 2
         print(f"train.py: error: {e}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(e, (StorageError, WorkerLost)) else 2
     return 0
 
 
@@ -390,5 +396,5 @@ def sample_main(argv=None) -> int:
               f"{n_tok / (time.time() - t0):.0f} sampled tokens/s")
     except ImggenError as e:
         print(f"sample.py: error: {e}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(e, StorageError) else 2
     return 0

@@ -27,3 +27,20 @@ class TrainingError(ImggenError, RuntimeError):
 
 class Interrupted(ImggenError):
     """Training stopped by SIGINT/SIGTERM after saving a checkpoint (exit code 130)."""
+
+
+class StorageError(ImggenError):
+    """A file that could not be written for want of storage: a full disk, a quota, a read-only
+    folder (exit code 1). The message names the path and the reason; `errno` is the cause's."""
+
+    def __init__(self, message: str, code: int | None = None):
+        super().__init__(message)
+        self.errno = code
+
+
+class RunBusy(ImggenError):
+    """A run folder another live process is training into (its lock is held; exit code 2)."""
+
+
+class WorkerLost(TrainingError):
+    """Under torchrun: another process of the run died, so its collectives failed (exit code 1)."""

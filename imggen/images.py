@@ -8,6 +8,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from imggen.errors import DataError
+from imggen.storage import writing
 
 
 def make_grid(images: np.ndarray, nrow: int | None = None, pad: int = 2, value: int = 128) -> np.ndarray:
@@ -30,19 +31,24 @@ def image_scale(width: int) -> int:
 
 
 def save_image(array_hwc: np.ndarray, path: str, scale: int = 1) -> None:
-    """Save uint8 (H, W, C) as PNG (atomically: temp file + rename; no temp file is left on failure)."""
+    """Save uint8 (H, W, C) as PNG (atomically: temp file + rename; no temp file is left on failure;
+    StorageError when storage fails)."""
     a = array_hwc[..., 0] if array_hwc.shape[-1] == 1 else array_hwc
     img = Image.fromarray(np.ascontiguousarray(a))
     if scale > 1:
         img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
-    try:
-        img.save(tmp, format="PNG")
-        os.replace(tmp, path)
-    except BaseException:
+
+    def remove():
         if os.path.isfile(tmp):
             os.remove(tmp)
+    try:
+        with writing(path, remove):  # a full disk, a quota or a read-only folder: one StorageError
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            img.save(tmp, format="PNG")
+            os.replace(tmp, path)
+    except BaseException:  # Ctrl-C too
+        remove()
         raise
 
 

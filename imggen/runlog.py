@@ -9,7 +9,7 @@ import signal
 
 import torch
 
-from imggen import checkpoint as ck
+from imggen.storage import atomic_write_text, writing
 from imggen.tasks import split_masks
 
 GRID_MIN_S = 5.0  # the end-of-run grid may always take this long
@@ -26,22 +26,36 @@ class Logger:
         if os.path.exists(self.path):  # a fresh start (step 0) keeps nothing of an earlier run
             with open(self.path) as f:
                 keep = [line for line in f if line.strip() and _row_step(line) <= step]
-            ck._atomic_write_text(self.path, "".join(keep))
+            atomic_write_text(self.path, "".join(keep))
+        self.tb_dir = os.path.join(out, "tb")
         try:
             from torch.utils.tensorboard import SummaryWriter
-            self.tb = SummaryWriter(os.path.join(out, "tb"), purge_step=step)
         except Exception:  # tensorboard is optional at run time
-            self.tb = None
+            return
+        with writing(self.tb_dir):
+            self.tb = SummaryWriter(self.tb_dir, purge_step=step)
 
     def log(self, step: int, **scalars):
+        """One log.jsonl row and its TensorBoard scalars; a full disk (or any storage failure) is one
+        StorageError naming the file, and TensorBoard's writer is closed so that it writes no more."""
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"step": step, **scalars}) + "\n")
+        with writing(self.path):
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"step": step, **scalars}) + "\n")
         if self.tb is not None:
-            for k, v in scalars.items():
-                self.tb.add_scalar(k, v, step)
-            self.tb.flush()
+            with writing(self.tb_dir, self.drop_tb):
+                for k, v in scalars.items():
+                    self.tb.add_scalar(k, v, step)
+                self.tb.flush()
+
+    def drop_tb(self) -> None:
+        """Stop TensorBoard's background writer after a failed write (it would fail again at exit)."""
+        tb, self.tb = self.tb, None
+        try:
+            tb.close()
+        except Exception:  # noqa: BLE001 - the write that failed fails again here
+            pass
 
 
 def _row_step(line: str) -> float:

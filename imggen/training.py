@@ -23,9 +23,11 @@ from tqdm import tqdm
 from imggen import checkpoint as ck
 from imggen.augment import augment_tokens
 from imggen.config import Config
-from imggen.errors import CheckpointError, ConfigError, Interrupted, TrainingError
+from imggen.errors import CheckpointError, ConfigError, Interrupted, StorageError, TrainingError, WorkerLost
 from imggen.model import ImageTransformer
 from imggen.batches import batch_indices, ddp_mask_norm, load_data, unigram_bpd
+from imggen.runlock import RunLock
+from imggen.storage import atomic_write_text
 from imggen.runlog import Logger, StopSignal, final_grid, final_metrics, sample_grid
 from imggen.tasks import inpaint_inputs, split_masks
 
@@ -174,7 +176,7 @@ def setup(cfg: Config, out: str, resume: bool, overwrite: bool, device: str | No
         if run.main:
             print(f"resumed {out} at step {run.step} from {found}")
     if run.main:
-        ck._atomic_write_text(os.path.join(out, "config.json"), cfg.to_json())
+        atomic_write_text(os.path.join(out, "config.json"), cfg.to_json())
     run.splits = data if data is not None else load_data(cfg, progress)[0]
     if run.main:
         print(f"data {cfg.data.spec}: {len(run.splits['train'])} train / {len(run.splits['val'])} val / "
@@ -227,7 +229,22 @@ def evaluate(run: Run, split: str, limit: int | None = None) -> float:
 def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, device: str | None = None,
           data: dict | None = None, progress: bool = True, hooks: dict | None = None, governor=None) -> dict:
     """Train `cfg` into run directory `out`. Returns final metrics. `data` = pre-tokenised splits;
-    `governor` (imggen.threads) adapts the CPU thread count as other processes come and go."""
+    `governor` (imggen.threads) adapts the CPU thread count as other processes come and go.
+
+    The process that writes `out` (rank 0) holds its lock (imggen.runlock) from before the first
+    write to the end: a folder another live run holds is RunBusy. A write that fails for want of
+    storage is one StorageError naming the path, the last good checkpoint and the --resume command."""
+    lock = RunLock(out).acquire() if int(os.environ.get("RANK", "0")) == 0 else None
+    try:
+        return _train(cfg, out, resume, overwrite, device, data, progress, hooks, governor)
+    except StorageError as e:
+        raise StorageError(f"{e}; {_resume_hint(out, 'free space (or make the folder writable)')}", e.errno) from None
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(cfg, out, resume, overwrite, device, data, progress, hooks, governor) -> dict:
     run = setup(cfg, out, resume, overwrite, device, data, progress)
     run.progress = progress
     t = cfg.train
@@ -268,8 +285,36 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
             except TrainingError as e:
                 bar.close()
                 raise TrainingError(f"{e}; {_stopped(run)}") from None
+            except RuntimeError as e:
+                if run.world == 1 or not _lost_peer(e):
+                    raise
+                bar.close()
+                raise WorkerLost(f"rank {run.rank}: another process of this run is gone ({_first_line(e)}), so "
+                                 f"training stopped at step {run.step}; {_resume_hint(out)}") from None
     bar.close()
     return finish(run, logger, time.time() - t_start)
+
+
+def _resume_hint(out: str, fix: str = "") -> str:
+    """Where a stopped run can continue from: its newest complete checkpoint and the command."""
+    found = ck.find_checkpoint(out) if os.path.isdir(out) else None
+    fix = f"{fix}, then " if fix else ""
+    if found is None:
+        return f"no checkpoint was saved; {fix}start again"
+    return f"the last good checkpoint is step {ck.step_of(found)} ({found}); {fix}continue with: python train.py " \
+           f"--out {out} --resume"
+
+
+def _lost_peer(e: RuntimeError) -> bool:
+    """Whether a collective failed because another process of the job died (gloo / NCCL)."""
+    text = str(e)
+    return isinstance(e, dist.DistError) or any(s in text for s in (
+        "Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL", "gloo"))
+
+
+def _first_line(e: Exception) -> str:
+    line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return line.split("] ", 1)[-1].split(". ")[0][:160]  # gloo's "[file.cc:561] " prefix and advice off
 
 
 def _stopped(run: Run) -> str:
@@ -330,7 +375,7 @@ def finish(run: Run, logger: Logger, train_s: float) -> dict:
         run.metrics.update(test_bpd=test, unigram_bpd=uni, steps=run.step)
         logger.log(run.step, test_bpd=test)
         grid = final_grid(run, train_s)
-        ck._atomic_write_text(os.path.join(run.out, "metrics.json"), json.dumps(run.metrics, indent=2))
+        atomic_write_text(os.path.join(run.out, "metrics.json"), json.dumps(run.metrics, indent=2))
         print(f"test bits/dim {test:.3f} (unigram entropy of the data {uni:.3f} bits/dim); "
               f"checkpoint {run.last_good}; samples {grid}")
     if run.world > 1:

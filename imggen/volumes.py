@@ -35,7 +35,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from imggen.errors import ConfigError, DataError, ImggenError
+from imggen.errors import ConfigError, DataError, ImggenError, StorageError
+from imggen.storage import writing
 
 OUT_SUFFIX = "-t1n-inference.nii.gz"
 STD_SUFFIX = "-t1n-std.nii.gz"
@@ -133,8 +134,9 @@ def _save(img, path: Path) -> None:
     import nibabel as nib
 
     tmp = path.with_name(".tmp-" + path.name)
-    nib.save(img, str(tmp))
-    os.replace(tmp, path)
+    with writing(path, lambda: tmp.unlink(missing_ok=True)):  # storage failures: one StorageError, no temp file
+        nib.save(img, str(tmp))
+        os.replace(tmp, path)
 
 
 def read_case(case: Path) -> tuple[Volume, np.ndarray]:
@@ -285,15 +287,24 @@ def brats_main(args: argparse.Namespace) -> int:
         print(f"sample.py: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with writing(out):
+            out.mkdir(parents=True, exist_ok=True)
+    except StorageError as e:
+        print(f"sample.py: error: {e}", file=sys.stderr)
+        return 1
     kw = dict(samples=args.samples, reduce=args.reduce or "mean", rank=args.rank, batch_size=args.batch_size,
               seed=0 if args.seed is None else args.seed, temperature=args.temperature, top_k=args.top_k,
               cache=args.cache)
     failed = 0
-    for case in cases:
+    for i, case in enumerate(cases):
         try:
             path = inpaint_case(model, case, out, uncertainty=args.uncertainty, progress=not args.no_progress, **kw)
             print(f"wrote {path}", flush=True)
+        except StorageError as e:  # the next case would fail alike: stop here
+            print(f"sample.py: error: {e}; stopped with {i - failed} of {len(cases)} case(s) written",
+                  file=sys.stderr, flush=True)
+            return 1
         except ImggenError as e:
             failed += 1
             print(f"sample.py: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
