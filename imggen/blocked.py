@@ -39,11 +39,9 @@ DEFAULT_BLOCK = 64
 
 class BandWindows(Windows):
     def __init__(self, pattern: Pattern, n: int, block: int):
-        width, period = pattern.band()
-        self.block = bq = period * max(1, block // period)
+        self.block, self.m = bq, m = band_blocks(pattern, n, block)
         self.nqb = math.ceil(n / bq)
-        self.m = math.ceil((min(width, n) - 1) / bq) + 1
-        self.span, self.lpad, self.tail = self.m * bq, (self.m - 1) * bq, 0
+        self.span, self.lpad, self.tail = m * bq, (m - 1) * bq, 0
         self.first, self.steady = _band_bias(pattern, n, bq, self.m)
 
     def windows(self, buf, chunk):
@@ -67,6 +65,13 @@ class BandWindows(Windows):
         bq, d = self.block, buf.shape[-1]
         for t in range(self.m):
             buf[(g0 + t) * bq:(g1 + t) * bq].view(g1 - g0, bq, d).add_(dw[:, t * bq:(t + 1) * bq])
+
+
+def band_blocks(pattern: Pattern, n: int, block: int) -> tuple[int, int]:
+    """(Bq, m): band windows of m query blocks of Bq (a multiple of the band's period)."""
+    width, period = pattern.band()
+    bq = period * max(1, block // period)
+    return bq, math.ceil((min(width, n) - 1) / bq) + 1
 
 
 @functools.lru_cache(maxsize=64)
@@ -135,8 +140,11 @@ def _gather_bias(pattern: Pattern, n: int, heads: int, block: int) -> torch.Tens
     return additive_mask(torch.stack([pattern.allowed(qi, kj[h], h, tables) for h in range(hl)]) & ~pad)
 
 
-def make_windows(pattern: Pattern, n: int, heads: int, block: int = DEFAULT_BLOCK) -> Windows:
-    tile = choose_tile(pattern, n)
+def make_windows(pattern: Pattern, n: int, heads: int, block: int = DEFAULT_BLOCK, tile="auto") -> Windows:
+    """Tiles (imggen.tiles) for raster patterns where they pay (`tile`: "auto", a (ty, tx) shape,
+    or None for band / gathered windows), else band windows, else gathered key blocks."""
+    if tile == "auto":
+        tile = choose_tile(pattern, math.prod(band_blocks(pattern, n, block)) if pattern.band() else None)
     if tile is not None:
         return TileWindows(pattern, n, tile)
     if pattern.band() is not None and not pattern.heads_differ:
@@ -273,15 +281,16 @@ def diffusion_states(q, k, v, pattern: Pattern, block: int = DEFAULT_BLOCK) -> l
     return [win.unpad_keys(z, q.shape) for z in zs[1:-1]]
 
 
-def cpu_attention(q, k, v, pattern: Pattern, block: int = DEFAULT_BLOCK) -> torch.Tensor:
-    """Blocked attention of one head-uniform (or per-head-table) pattern; see the module docstring."""
+def cpu_attention(q, k, v, pattern: Pattern, block: int = DEFAULT_BLOCK, tile="auto") -> torch.Tensor:
+    """Blocked attention of one head-uniform (or per-head-table) pattern; see the module docstring
+    (`tile`: see make_windows)."""
     b, h, n, d = q.shape
     band = pattern.band()
     if band is not None and band.width >= n and band.period == 1 and not pattern.is_diffusion:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # dense causal
     if pattern.columns() is not None:
         return column_attention(q, k, v, *pattern.columns())
-    win = make_windows(pattern, n, h, block)
+    win = make_windows(pattern, n, h, block, tile)
     if pattern.is_diffusion:
         return _Diffusion.apply(q, k, v, pattern, win)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))

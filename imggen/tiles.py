@@ -119,12 +119,26 @@ class TileWindows(Windows):
         return s
 
 
-TILE = (8, 8)
+MIN_GAIN = 2.5  # tiles run when band windows would read this many times the keys per query
 
 
-def choose_tile(pattern: Pattern, n: int) -> tuple[int, int] | None:
-    """The tile shape the cpu backend uses for the pattern at length n, or None (band windows)."""
-    return TILE if fits(pattern, TILE) else None
+def choose_tile(pattern: Pattern, band_keys: int | None) -> tuple[int, int] | None:
+    """The tile shape for the pattern when tiles pay, else None. `band_keys`: keys per query of the
+    band windows the cpu backend would read instead (None: no band shape).
+
+    Measured fwd+bwd on one core (B=4, H=4, D=32, r=3, bench/local2d_tiles.py --crossover): tiles
+    of 2 x 8 pixels (C = 1) or 3 x 4 (C > 1) tie with band windows at about 32 x 32 (C = 1) and
+    24 x 24 (C = 3) pixels, where band windows read 2-3x the keys per query, and win from there
+    (1.5x at 48 x 48, 3x at 128 x 128); smaller images keep band windows."""
+    shape = pattern.raster()
+    if shape is None:
+        return None
+    ty, tx = (2, 8) if shape.channels == 1 else (3, 4)
+    tile = (ty, min(tx, shape.width))
+    if not fits(pattern, tile):
+        return None
+    keys = (ty + shape.radius) * (tile[1] + 2 * shape.radius) * shape.channels
+    return tile if band_keys is None or band_keys >= MIN_GAIN * keys else None
 
 
 def fits(pattern: Pattern, tile: tuple[int, int]) -> bool:
