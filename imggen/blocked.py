@@ -4,6 +4,9 @@ Queries run in blocks of Bq; each query block reads one window of key rows:
 * `BandWindows` for patterns with a `band()` shape (band, local2d): contiguous windows of the
   left-padded keys (strided views, no copy), Bq a multiple of the pattern's period so that one
   (Bq, span) mask serves every block after the first few (whose masks are exact).
+* `TileWindows` (imggen.tiles) for raster neighbourhoods (local2d) where they pay: query blocks
+  are 2-D pixel tiles reading the tile grown by r rows above and r pixels either side; band
+  windows remain for small images (`imggen.tiles.choose_tile` says where the crossover is).
 * `GatherWindows` for any pattern: the key blocks its `block_plan` names, gathered per block,
   with a (HL, nqb, Bq, span) mask from the rule.
 Masks are additive float biases (0 / -inf): adding one costs a tenth of a masked_fill_.
