@@ -37,9 +37,9 @@ class TileWindows(Windows):
     def __init__(self, pattern: Pattern, n: int, tile: tuple[int, int]):
         w, c, r, s = pattern.raster()
         ty, tx = tile
-        if r < 1 or not fits(pattern, tile):
+        if not fits(pattern, tile):
             raise ValueError(f"{pattern}: tile {tile} does not fit")
-        self.row, self.ty, self.txc, self.c, self.shift = w * c, ty, tx * c, c, s
+        self.row, self.ty, self.txc, self.shift = w * c, ty, tx * c, s
         self.tiles_x = math.ceil(w / tx)
         self.tiles_y = math.ceil(math.ceil(n / self.row) / ty)
         self.nqb, self.block, self.quantum = self.tiles_y * self.tiles_x, ty * tx * c, self.tiles_x
@@ -126,10 +126,12 @@ def choose_tile(pattern: Pattern, band_keys: int | None) -> tuple[int, int] | No
     """The tile shape for the pattern when tiles pay, else None. `band_keys`: keys per query of the
     band windows the cpu backend would read instead (None: no band shape).
 
-    Measured fwd+bwd on one core (B=4, H=4, D=32, r=3, bench/local2d_tiles.py --crossover): tiles
-    of 2 x 8 pixels (C = 1) or 3 x 4 (C > 1) tie with band windows at about 32 x 32 (C = 1) and
-    24 x 24 (C = 3) pixels, where band windows read 2-3x the keys per query, and win from there
-    (1.5x at 48 x 48, 3x at 128 x 128); smaller images keep band windows."""
+    Measured fwd+bwd on one core of a busy 2-core box (B=4, H=4, D=32, r=3,
+    `bench/local2d_tiles.py --crossover`): tiles of 2 x 8 pixels (C = 1) or 3 x 4 (C > 1) lose to
+    band windows up to 16 x 16 pixels, are about even from 24 x 24 to 32 x 32 (band windows then
+    read 2-3x the keys per query; the runs there scatter by +-40%), and win from 40 x 40 on
+    (1.4-2x at 64 x 64, 2.4-3.5x at 128 x 128). MIN_GAIN puts the switch at 32 x 32 (C = 1 and 3).
+    """
     shape = pattern.raster()
     if shape is None:
         return None
