@@ -4,6 +4,9 @@ Queries run in blocks of Bq; each query block reads one window of key rows:
 * `BandWindows` for patterns with a `band()` shape (band, local2d): contiguous windows of the
   left-padded keys (strided views, no copy), Bq a multiple of the pattern's period so that one
   (Bq, span) mask serves every block after the first few (whose masks are exact).
+* `TileWindows` (imggen.tiles) for raster neighbourhoods (local2d) where they pay: query blocks
+  are 2-D pixel tiles reading the tile grown by r rows above and r pixels either side; band
+  windows remain for small images (`imggen.tiles.choose_tile` says where the crossover is).
 * `GatherWindows` for any pattern: the key blocks its `block_plan` names, gathered per block,
   with a (HL, nqb, Bq, span) mask from the rule.
 Masks are additive float biases (0 / -inf): adding one costs a tenth of a masked_fill_.
@@ -31,78 +34,17 @@ import torch.nn.functional as F
 from imggen.fused import wide
 from imggen.memory import saves
 from imggen.patterns import Pattern
+from imggen.tiles import TileWindows, choose_tile
+from imggen.windows import Windows, additive_mask  # noqa: F401  (additive_mask: imported from here)
 
 DEFAULT_BLOCK = 64
-_MIN_CHUNK, _MAX_CHUNK = 1 << 18, 1 << 22  # scores per chunk
-
-
-class Windows:
-    """Key windows of the query blocks of one (pattern, n, heads) shape.
-
-    All B*H slices share one layout: query block qb of slice c is global block g = c*nqb + qb
-    (queries padded to nqb*Bq per slice); keys live in one buffer with `lpad` leading and `tail`
-    trailing zero rows, slice c's position p at row lpad + c*nqb*Bq + p. `windows(buf, chunk)` is
-    (G, span, D) for the chunk's G blocks, so one bmm serves every slice of a chunk; scores are
-    (G, Bq, span), viewed as (slices, blocks, Bq, span) for masking. Band windows of a slice's first
-    blocks reach into the previous slice's rows: those keys are masked (before position 0), so they
-    add exact zeros to its gradients.
-    """
-
-    block: int   # Bq
-    nqb: int     # query blocks per slice
-    span: int    # keys per window
-    lpad: int
-    tail: int
-
-    def pad_queries(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, H, n, D) -> (B*H*nqb, Bq, D) contiguous."""
-        b, h, n, d = x.shape
-        return F.pad(x, (0, 0, 0, self.nqb * self.block - n)).reshape(-1, self.block, d)
-
-    def unpad_queries(self, x: torch.Tensor, shape) -> torch.Tensor:
-        b, h, n, d = shape
-        return x.view(b, h, -1, d)[:, :, :n]
-
-    def key_buffer(self, x: torch.Tensor | None, shape, dtype=None) -> torch.Tensor:
-        """(B, H, n, D) -> the padded key buffer (zeros when x is None)."""
-        b, h, n, d = shape
-        rows = b * h * self.nqb * self.block
-        buf = torch.zeros(self.lpad + rows + self.tail, d, dtype=dtype or x.dtype)
-        if x is not None:
-            buf[self.lpad:self.lpad + rows].view(b, h, -1, d)[:, :, :n] = x
-        return buf
-
-    def unpad_keys(self, buf: torch.Tensor, shape) -> torch.Tensor:
-        b, h, n, d = shape
-        return self.query_rows(buf).reshape(b, h, -1, d)[:, :, :n]
-
-    def query_rows(self, buf: torch.Tensor) -> torch.Tensor:
-        """The buffer rows that hold positions, as (B*H*nqb, Bq, D)."""
-        return buf[self.lpad:buf.shape[0] - self.tail].view(-1, self.block, buf.shape[-1])
-
-    def chunks(self, slices: int, d: int) -> list[tuple[int, int, int, int]]:
-        """(c0, c1, q0, q1): slices [c0, c1) x query blocks [q0, q1), whole slices or part of one,
-        each holding about one chunk of scores."""
-        limit = min(_MAX_CHUNK, max(_MIN_CHUNK, slices * self.nqb * self.block * d // 4))
-        per_slice = self.nqb * self.block * self.span
-        if per_slice <= limit:
-            step = max(1, limit // per_slice)
-            return [(c, min(slices, c + step), 0, self.nqb) for c in range(0, slices, step)]
-        step = max(1, limit // (self.block * self.span))
-        return [(c, c + 1, q, min(self.nqb, q + step)) for c in range(slices) for q in range(0, self.nqb, step)]
-
-    def blocks(self, chunk) -> tuple[int, int]:
-        c0, c1, q0, q1 = chunk
-        return c0 * self.nqb + q0, (c1 - 1) * self.nqb + q1
 
 
 class BandWindows(Windows):
     def __init__(self, pattern: Pattern, n: int, block: int):
-        width, period = pattern.band()
-        self.block = bq = period * max(1, block // period)
+        self.block, self.m = bq, m = band_blocks(pattern, n, block)
         self.nqb = math.ceil(n / bq)
-        self.m = math.ceil((min(width, n) - 1) / bq) + 1
-        self.span, self.lpad, self.tail = self.m * bq, (self.m - 1) * bq, 0
+        self.span, self.lpad, self.tail = m * bq, (m - 1) * bq, 0
         self.first, self.steady = _band_bias(pattern, n, bq, self.m)
 
     def windows(self, buf, chunk):
@@ -128,10 +70,11 @@ class BandWindows(Windows):
             buf[(g0 + t) * bq:(g1 + t) * bq].view(g1 - g0, bq, d).add_(dw[:, t * bq:(t + 1) * bq])
 
 
-def additive_mask(ok: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    """0 where `ok`, -inf elsewhere, on ok's device: an attention mask to add to the scores (adding
-    it costs a tenth of a masked_fill_)."""
-    return torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill_(~ok, float("-inf"))
+def band_blocks(pattern: Pattern, n: int, block: int) -> tuple[int, int]:
+    """(Bq, m): band windows of m query blocks of Bq (a multiple of the band's period)."""
+    width, period = pattern.band()
+    bq = period * max(1, block // period)
+    return bq, math.ceil((min(width, n) - 1) / bq) + 1
 
 
 @functools.lru_cache(maxsize=64)
@@ -200,17 +143,23 @@ def _gather_bias(pattern: Pattern, n: int, heads: int, block: int) -> torch.Tens
     return additive_mask(torch.stack([pattern.allowed(qi, kj[h], h, tables) for h in range(hl)]) & ~pad)
 
 
-def make_windows(pattern: Pattern, n: int, heads: int, block: int = DEFAULT_BLOCK) -> Windows:
+def make_windows(pattern: Pattern, n: int, heads: int, block: int = DEFAULT_BLOCK, tile="auto") -> Windows:
+    """Tiles (imggen.tiles) for raster patterns where they pay (`tile`: "auto", a (ty, tx) shape,
+    or None for band / gathered windows), else band windows, else gathered key blocks."""
+    if tile == "auto":
+        tile = choose_tile(pattern, math.prod(band_blocks(pattern, n, block)) if pattern.band() else None)
+    if tile is not None:
+        return TileWindows(pattern, n, tile)
     if pattern.band() is not None and not pattern.heads_differ:
         return BandWindows(pattern, n, block)
     return GatherWindows(pattern, n, heads, block)
 
 
-def _scores(win: Windows, qp, kbuf, chunk):
-    """Masked scores (G, Bq, span) of a chunk, float32 (float64 for float64 inputs); q is
-    pre-scaled by 1/sqrt(D)."""
+def _scores(win: Windows, qp, kwin, chunk):
+    """Masked scores (G, Bq, span) of a chunk against its key windows kwin (G, span, D), float32
+    (float64 for float64 inputs); q is pre-scaled by 1/sqrt(D)."""
     g0, g1 = win.blocks(chunk)
-    s = wide(torch.bmm(qp[g0:g1], win.windows(kbuf, chunk).transpose(1, 2)))
+    s = wide(torch.bmm(qp[g0:g1], kwin.transpose(1, 2)))
     return win.mask_(s, chunk)
 
 
@@ -225,7 +174,7 @@ class _Attention(torch.autograd.Function):
         probs = []
         for chunk in win.chunks(b * h, d):
             g0, g1 = win.blocks(chunk)
-            p = torch.softmax(_scores(win, qp, kb, chunk), -1)
+            p = torch.softmax(_scores(win, qp, win.windows(kb, chunk), chunk), -1)
             torch.bmm(p.to(q.dtype), win.windows(vb, chunk), out=op[g0:g1])
             if keep:
                 probs.append(p)
@@ -244,13 +193,13 @@ class _Attention(torch.autograd.Function):
         dk, dv = torch.zeros_like(kb), torch.zeros_like(vb)
         for i, chunk in enumerate(win.chunks(b * h, d)):
             g0, g1 = win.blocks(chunk)
-            qb = qp[g0:g1]
-            p = probs[i] if probs else torch.softmax(_scores(win, qp, kb, chunk), -1)
+            qb, kw = qp[g0:g1], win.windows(kb, chunk)
+            p = probs[i] if probs else torch.softmax(_scores(win, qp, kw, chunk), -1)
             g = dop[g0:g1]
             win.fold(torch.bmm(p.to(g.dtype).transpose(1, 2), g), dv, chunk)
             dp = wide(torch.bmm(g, win.windows(vb, chunk).transpose(1, 2)))
             ds = torch._softmax_backward_data(dp, p, -1, p.dtype).to(g.dtype)  # p * (dp - rowsum(p * dp))
-            torch.bmm(ds, win.windows(kb, chunk), out=dq[g0:g1])
+            torch.bmm(ds, kw, out=dq[g0:g1])
             win.fold(torch.bmm(ds.transpose(1, 2), qb), dk, chunk)  # qb carries the 1/sqrt(D)
         return (win.unpad_queries(dq.mul_(1.0 / math.sqrt(d)), shape), win.unpad_keys(dk, shape),
                 win.unpad_keys(dv, shape), None, None)
@@ -267,7 +216,7 @@ def _diffusion_forward(q, k, v, pattern: Pattern, win: Windows):
     a = q.new_empty(qp.shape[0], win.block, win.span)
     for chunk in chunks:
         g0, g1 = win.blocks(chunk)
-        a[g0:g1] = torch.softmax(_scores(win, qp, kb, chunk), -1)
+        a[g0:g1] = torch.softmax(_scores(win, qp, win.windows(kb, chunk), chunk), -1)
     zs = [vb]
     for _ in range(pattern.steps):
         z = vb * alpha
@@ -335,15 +284,16 @@ def diffusion_states(q, k, v, pattern: Pattern, block: int = DEFAULT_BLOCK) -> l
     return [win.unpad_keys(z, q.shape) for z in zs[1:-1]]
 
 
-def cpu_attention(q, k, v, pattern: Pattern, block: int = DEFAULT_BLOCK) -> torch.Tensor:
-    """Blocked attention of one head-uniform (or per-head-table) pattern; see the module docstring."""
+def cpu_attention(q, k, v, pattern: Pattern, block: int = DEFAULT_BLOCK, tile="auto") -> torch.Tensor:
+    """Blocked attention of one head-uniform (or per-head-table) pattern; see the module docstring
+    (`tile`: see make_windows)."""
     b, h, n, d = q.shape
     band = pattern.band()
     if band is not None and band.width >= n and band.period == 1 and not pattern.is_diffusion:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # dense causal
     if pattern.columns() is not None:
         return column_attention(q, k, v, *pattern.columns())
-    win = make_windows(pattern, n, h, block)
+    win = make_windows(pattern, n, h, block, tile)
     if pattern.is_diffusion:
         return _Diffusion.apply(q, k, v, pattern, win)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))

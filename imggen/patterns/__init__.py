@@ -10,14 +10,14 @@ import dataclasses
 
 from imggen.errors import ConfigError
 
-from .base import PATTERNS, BandShape, BlockPlan, KernelLayout, KernelRule, KernelSpec, Pattern, Ranges
+from .base import PATTERNS, BandShape, BlockPlan, KernelLayout, KernelRule, KernelSpec, Pattern, Ranges, RasterShape
 from .local2d import Local2D
 from .random import BigBird, Diffuser
 from .simple import Band, Column, Full, Strided
 
 __all__ = ["PATTERNS", "BandShape", "BlockPlan", "KernelLayout", "KernelRule", "KernelSpec", "Pattern", "Ranges",
-           "Full", "Band", "Local2D", "BigBird", "Diffuser", "Strided", "Column", "make_pattern", "config_params",
-           "pattern_for_image"]
+           "RasterShape", "Full", "Band", "Local2D", "BigBird", "Diffuser", "Strided", "Column", "make_pattern",
+           "config_params", "pattern_for_image"]
 
 
 def make_pattern(kind: str, **params) -> Pattern:

@@ -12,6 +12,9 @@ Structure (each has a generic, slower answer derived from the rule)
 * `band()`: `BandShape(width, period)` when every allowed pair has i - j < width and the rule
   repeats with that period (band: period 1; local2d: one image row). Backends then read
   contiguous key windows instead of gathering blocks.
+* `raster()`: `RasterShape(width, channels, radius, shift)` when query t reads only itself and keys
+  p whose position p - shift lies at most radius rows above and radius pixels either side of t's
+  pixel on a raster of `width` pixels x `channels` tokens (local2d). Backends then read 2-D tiles.
 * `columns()`: `(stride, shift)` when query i reads exactly the keys j = i + shift - m * stride.
 * `head_groups(heads)`: split heads into groups that each follow one head-independent pattern.
 * `last_read(n, head)`: the last query that reads each key (decode-cache eviction), and
@@ -76,6 +79,13 @@ class KernelSpec:
 class BandShape(NamedTuple):
     width: int   # every allowed pair has i - j < width
     period: int  # allowed(i + period, j + period) == allowed(i, j) for j >= 0
+
+
+class RasterShape(NamedTuple):
+    width: int     # pixels per image row
+    channels: int  # tokens per pixel
+    radius: int    # rows above and pixels either side
+    shift: int     # keys sit `shift` positions after their pixel
 
 
 class BlockPlan(NamedTuple):
@@ -248,6 +258,9 @@ class Pattern:
         return _merge([(k, k + 1) for k in idx], q1)
 
     def band(self) -> BandShape | None:
+        return None
+
+    def raster(self) -> RasterShape | None:
         return None
 
     def columns(self) -> tuple[int, int] | None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .base import BandShape, KernelRule, KernelSpec, Pattern, geometry, param
+from .base import BandShape, KernelRule, KernelSpec, Pattern, RasterShape, geometry, param
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,9 @@ class Local2D(Pattern):
         # farthest key: r rows up, r pixels left, from the last channel to the first, minus the shift
         r, c = self.radius, self.channels
         return BandShape(max(1, r * self.row + r * c + c - self.shift), self.row)
+
+    def raster(self):
+        return RasterShape(self.width, self.channels, self.radius, self.shift)
 
     def last_read(self, n, head=0):
         c, w, r = self.channels, self.width, self.radius
