@@ -1,7 +1,7 @@
 """Tile sweep of the attention kernels on a GPU: which (bm, bn, warps, stages) each kernel should try first.
 
     python3 bench/gpu_tune.py --budget 200        # one H200: 2 min at D=64, compiles included; results under $OUT
-    python3 bench/gpu_tune.py --head-dim 32       # the presets' head dim (not swept yet)
+    python3 bench/gpu_tune.py --head-dim 32       # the presets' head dim (swept 12-04: RESULTS section 6)
     python3 bench/gpu_tune.py --dry-run           # CPU plumbing check (Triton interpreter, tiny shapes)
 
 For every row (pattern at N=16384, B=8, H=16, bf16, D=64 by default: the sizes of bench/gpu_check.sh)

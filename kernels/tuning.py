@@ -53,19 +53,23 @@ CONFIGS: dict[tuple[str, int, str], tuple[Config, ...]] = {
     # D=64 fp16/bf16 first entries: measured on an H200 (bench/gpu_tune.py; bench/results/h200/
     # 2_tile_sweep.md): 64-query tiles with 4 warps (one warpgroup) beat the 128 x 64 / 8-warp tiles
     # for band w=256 and w=1024, local2d and bigbird at N=16384 (forward 1.3-1.8x; band w=256: dQ
-    # 1.8x, dK/dV 1.4x, fwd+bwd 4.81 -> 3.22 ms). D=32 and D=128 entries are not measured on a GPU yet.
+    # 1.8x, dK/dV 1.4x, fwd+bwd 4.81 -> 3.22 ms). D=32 (the presets' head dim), measured the same way
+    # (bench/results/h200/5_tile_sweep_d32.md): 64-query / 4-warp tiles again beat the 128 x 64 /
+    # 8-warp first guesses (fwd 1.15-1.98x, dQ 1.10-1.27x; dK/dV 32 x 64: 1.23-1.35x) for band
+    # w=256 / w=1024 and local2d (bigbird: fwd only, 1.98x; its backward rows were cut by the budget).
+    # D=128 entries are not measured on a GPU yet.
     # forward: 128-query tiles need 8 warps on sm_90 (4 warps spill at D >= 64), and 128 x 128 tiles
     # spill with the arithmetic element rules at D >= 64; the 64 x 64 entry keeps arithmetic rules
     # for patterns whose layout is exact only at 64 tokens (bigbird / diffuser with block 64)
-    ("fwd", 32, HALF): (C(128, 64, 8, 3), C(128, 128, 8, 3), C(64, 64, 4, 3)),
+    ("fwd", 32, HALF): (C(64, 64, 4, 3), C(64, 32, 4, 3), C(128, 64, 8, 3)),
     ("fwd", 64, HALF): (C(64, 32, 4, 3), C(64, 64, 4, 3), C(128, 64, 8, 3)),
     ("fwd", 128, HALF): (C(128, 64, 8, 3), C(128, 64, 8, 2), C(64, 64, 8, 3)),
     # dQ: long query tile, short key steps (FlashAttention-2 / the Triton tutorial: 128 x 32)
-    ("dq", 32, HALF): (C(128, 64, 8, 3), C(128, 32, 8, 3), C(64, 64, 4, 3)),
+    ("dq", 32, HALF): (C(64, 64, 4, 3), C(64, 32, 4, 3), C(128, 64, 8, 3)),
     ("dq", 64, HALF): (C(64, 32, 4, 3), C(64, 64, 4, 3), C(128, 64, 8, 3)),
     ("dq", 128, HALF): (C(128, 32, 8, 3), C(64, 32, 4, 3), C(64, 64, 8, 3)),
     # dK/dV: long key tile, short query steps (the tutorial: 32 x 128)
-    ("dkdv", 32, HALF): (C(64, 128, 8, 3), C(32, 128, 8, 3), C(64, 64, 8, 3)),
+    ("dkdv", 32, HALF): (C(32, 64, 4, 3), C(64, 64, 4, 3), C(32, 128, 8, 3)),
     ("dkdv", 64, HALF): (C(32, 64, 4, 3), C(64, 64, 4, 3), C(32, 128, 8, 3)),
     ("dkdv", 128, HALF): (C(32, 128, 8, 2), C(32, 64, 8, 3)),  # 64 x 64 spills with the local2d rule
     # fp32 runs IEEE dots on FMA units, whose operands hold the inner dimension in registers: 16 x 16
