@@ -65,13 +65,16 @@ def _write_manifest(ckpt_dir: str) -> None:
         os.fsync(f.fileno())
 
 
-def save_checkpoint(run_dir: str, step: int, model, cfg: Config, state: dict | None = None, keep: int = 2) -> str:
+def save_checkpoint(run_dir: str, step: int, model, cfg: Config, state: dict | None = None, keep: int = 2,
+                    notes: dict | None = None) -> str:
+    """Write checkpoint step_STEP of `model` (float32 weights whatever the training precision;
+    `notes`, strings, go into the safetensors metadata, e.g. the precision the run trained in)."""
     ckpts = os.path.join(run_dir, "checkpoints")
     os.makedirs(ckpts, exist_ok=True)
     name = f"step_{step:07d}"
     tmp = tempfile.mkdtemp(dir=ckpts, prefix=".tmp-")
     weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"step": str(step)})
+    save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"step": str(step), **(notes or {})})
     with open(os.path.join(tmp, "config.json"), "w") as f:
         f.write(cfg.to_json())
     if state is not None:
@@ -303,6 +306,12 @@ def load_weights(model, ckpt_dir: str, cfg: Config | None = None) -> None:
     if missing or unexpected:
         raise CheckpointError(f"checkpoint {ckpt_dir} does not fit this model: missing {missing}, "
                               f"unexpected {unexpected}")
+
+
+def read_notes(ckpt_dir: str) -> dict:
+    """The notes save_checkpoint wrote into the weights' metadata (the step, the precision)."""
+    with safe_open(os.path.join(ckpt_dir, "model.safetensors"), "pt") as f:
+        return dict(f.metadata() or {})
 
 
 def load_state(ckpt_dir: str, map_location=None) -> dict:
