@@ -27,7 +27,7 @@ Ablations (one setting, equal steps): diffuser K in {1, 2, 5} x alpha in {0.1, 0
     python bench/study.py --device cuda --dim 256 --layers 8 --heads 8 --steps mol32=5000,mol64=5000,brats64=5000
 
 The loop below is the one in ``imggen.training.train`` (same AdamW groups, betas, warmup + cosine
-``lr_at``, clipping, ``batch_indices`` data order, bf16 autocast on CUDA) without checkpoints,
+``lr_at``, clipping, ``batch_indices`` data order, bf16 autocast as --train.precision) without checkpoints,
 periodic evaluation or sample grids, so that each step can be timed and nothing else is.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@ L1 / MSE loss on the hole), on the training split of a data spec at the context 
 
     python bench/train_regress.py --data brats-demo --size 64 --steps 3000 --out runs/b64reg
         [--batch-size 8] [--lr 2e-3] [--loss mse|l1] [--width 64] [--hidden 64] [--fill biharmonic]
-        [--augment] [--threads N]
+        [--augment] [--precision auto|fp32|bf16] [--threads N]
 
 Writes OUT/regress.pt (weights, settings and the training budget: steps, seconds, machine) and
 OUT/log.jsonl (step, mean loss, lr, seconds). The masks are the context model's training masks
@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import command_line, cpu_model  # noqa: E402
 
 from imggen.datasets import load_dataset  # noqa: E402
+from imggen.precision import PRECISIONS, describe, resolve  # noqa: E402
 from imggen.regress import LOSSES, HoleRegressor, save, train_regressor  # noqa: E402
 
 
@@ -44,6 +45,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fill", choices=("none", "biharmonic"), default="none",
                     help="the context's classic fill channel (as --model.context_fill)")
     ap.add_argument("--augment", action="store_true", help="random warps + gamma per image (as --train.augment)")
+    ap.add_argument("--precision", choices=PRECISIONS, default="auto",
+                    help="as --train.precision: bf16 autocast where the CPU computes bf16 natively (auto)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     ap.add_argument("--threads", type=int)
@@ -55,6 +58,7 @@ def main(argv=None) -> int:
     masks = data.masks.get("train") if data.masks else None
     model = HoleRegressor(args.channels, args.size, args.size, args.width, args.hidden, args.fill)
     n_params = sum(p.numel() for p in model.parameters())
+    print(describe(args.precision, "cpu"), flush=True)
     print(f"{len(images)} training images of {tuple(images.shape[1:])}; regressor {n_params / 1e6:.2f}M params",
           flush=True)
     os.makedirs(args.out, exist_ok=True)
@@ -66,8 +70,8 @@ def main(argv=None) -> int:
 
         result = train_regressor(model, images, masks, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                                  warmup=args.warmup, seed=args.seed, loss=args.loss,
-                                 augment=args.augment, log=log)
-    info = {**result, "batch_size": args.batch_size, "lr": args.lr, "loss_kind": args.loss, "augment": args.augment,
+                                 augment=args.augment, log=log, precision=args.precision)
+    info = {**result, "precision": resolve(args.precision, "cpu")[0], "batch_size": args.batch_size, "lr": args.lr, "loss_kind": args.loss, "augment": args.augment,
             "data": args.data, "params": n_params, "threads": torch.get_num_threads(),
             "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": command_line("train_regress.py", argv)}

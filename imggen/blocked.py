@@ -9,7 +9,9 @@ Queries run in blocks of Bq; each query block reads one window of key rows:
   windows remain for small images (`imggen.tiles.choose_tile` says where the crossover is).
 * `GatherWindows` for any pattern: the key blocks its `block_plan` names, gathered per block,
   with a (HL, nqb, Bq, span) mask from the rule.
-Masks are additive float biases (0 / -inf): adding one costs a tenth of a masked_fill_.
+Masks are additive float biases (0 / -inf): adding one costs a tenth of a masked_fill_. In bf16
+(inputs in bf16, or cast once under autocast) bmm's, scores and probabilities stay bf16; the CPU
+softmax keeps its row statistics in float32. Other dtypes: scores in at least float32.
 Dense causal patterns go to `scaled_dot_product_attention`; `columns()` patterns (the strided
 pattern's odd heads) run as dense attention down each column.
 
@@ -34,8 +36,9 @@ import torch.nn.functional as F
 from imggen.fused import wide
 from imggen.memory import saves
 from imggen.patterns import Pattern
+from imggen.precision import compute_dtype
 from imggen.tiles import TileWindows, choose_tile
-from imggen.windows import Windows, additive_mask  # noqa: F401  (additive_mask: imported from here)
+from imggen.windows import Windows, additive_mask, in_dtype  # noqa: F401  (additive_mask: imported from here)
 
 DEFAULT_BLOCK = 64
 
@@ -58,8 +61,8 @@ class BandWindows(Windows):
         s4 = s.view(c1 - c0, q1 - q0, self.block, self.span)
         f = max(0, min(len(self.first), q1) - q0)  # blocks among each slice's first ones
         if f:
-            s4[:, :f].add_(self.first[q0:q0 + f])
-        s4[:, f:].add_(self.steady)
+            s4[:, :f].add_(in_dtype(self.first, s.dtype)[q0:q0 + f])
+        s4[:, f:].add_(in_dtype(self.steady, s.dtype))
         return s
 
     def fold(self, dw: torch.Tensor, buf: torch.Tensor, chunk) -> None:
@@ -122,9 +125,9 @@ class GatherWindows(Windows):
         c0, c1, q0, q1 = chunk
         s4 = s.view(c1 - c0, q1 - q0, self.block, self.span)
         if self.hl == 1:
-            return s4.add_(self.bias[0, q0:q1]).view(s.shape)
+            return s4.add_(in_dtype(self.bias, s.dtype)[0, q0:q1]).view(s.shape)
         c = torch.arange(c0, c1)
-        return s4.add_(self.bias[(c % self.heads) % self.hl][:, q0:q1]).view(s.shape)
+        return s4.add_(in_dtype(self.bias, s.dtype)[(c % self.heads) % self.hl][:, q0:q1]).view(s.shape)
 
     def fold(self, dw, buf, chunk):
         d = buf.shape[-1]
@@ -155,11 +158,17 @@ def make_windows(pattern: Pattern, n: int, heads: int, block: int = DEFAULT_BLOC
     return GatherWindows(pattern, n, heads, block)
 
 
+def _acc(x: torch.Tensor) -> torch.Tensor:
+    """Scores in the softmax's dtype: bf16 kept (no round trip; the CPU kernels' statistics are
+    float32), else at least float32 (float16 scores could overflow)."""
+    return x if x.dtype == torch.bfloat16 else wide(x)
+
+
 def _scores(win: Windows, qp, kwin, chunk):
-    """Masked scores (G, Bq, span) of a chunk against its key windows kwin (G, span, D), float32
-    (float64 for float64 inputs); q is pre-scaled by 1/sqrt(D)."""
+    """Masked scores (G, Bq, span) of a chunk against its key windows kwin (G, span, D): bfloat16 for
+    bfloat16 inputs, else float32 (float64 for float64 inputs); q is pre-scaled by 1/sqrt(D)."""
     g0, g1 = win.blocks(chunk)
-    s = wide(torch.bmm(qp[g0:g1], kwin.transpose(1, 2)))
+    s = _acc(torch.bmm(qp[g0:g1], kwin.transpose(1, 2)))
     return win.mask_(s, chunk)
 
 
@@ -170,7 +179,7 @@ class _Attention(torch.autograd.Function):
         qp = win.pad_queries(q).mul_(1.0 / math.sqrt(d))
         kb, vb = win.key_buffer(k, q.shape), win.key_buffer(v, q.shape)
         op = torch.empty_like(qp)
-        keep = grad and saves(qp.shape[0] * win.block * win.span * 4)
+        keep = grad and saves(qp.shape[0] * win.block * win.span * (2 if q.dtype == torch.bfloat16 else 4))
         probs = []
         for chunk in win.chunks(b * h, d):
             g0, g1 = win.blocks(chunk)
@@ -197,7 +206,7 @@ class _Attention(torch.autograd.Function):
             p = probs[i] if probs else torch.softmax(_scores(win, qp, kw, chunk), -1)
             g = dop[g0:g1]
             win.fold(torch.bmm(p.to(g.dtype).transpose(1, 2), g), dv, chunk)
-            dp = wide(torch.bmm(g, win.windows(vb, chunk).transpose(1, 2)))
+            dp = _acc(torch.bmm(g, win.windows(vb, chunk).transpose(1, 2)))
             ds = torch._softmax_backward_data(dp, p, -1, p.dtype).to(g.dtype)  # p * (dp - rowsum(p * dp))
             torch.bmm(ds, kw, out=dq[g0:g1])
             win.fold(torch.bmm(ds.transpose(1, 2), qb), dk, chunk)  # qb carries the 1/sqrt(D)
@@ -293,6 +302,8 @@ def cpu_attention(q, k, v, pattern: Pattern, block: int = DEFAULT_BLOCK, tile="a
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # dense causal
     if pattern.columns() is not None:
         return column_attention(q, k, v, *pattern.columns())
+    dt = compute_dtype(q)  # autocast on: q, k, v cast once, every bmm below in its dtype
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
     win = make_windows(pattern, n, h, block, tile)
     if pattern.is_diffusion:
         return _Diffusion.apply(q, k, v, pattern, win)

@@ -57,10 +57,12 @@ def _write_manifest(ckpt_dir: str) -> None:
         os.fsync(f.fileno())
 
 
-def save_checkpoint(run_dir: str, step: int, model, cfg: Config, state: dict | None = None, keep: int = 2) -> str:
-    """Write checkpoint `step` of run `run_dir` (atomically) and keep the newest `keep`. A write that
-    fails for want of storage is a StorageError naming the file; its temporary folder is removed and
-    the checkpoints written before are untouched."""
+def save_checkpoint(run_dir: str, step: int, model, cfg: Config, state: dict | None = None, keep: int = 2,
+                    notes: dict | None = None) -> str:
+    """Write checkpoint `step` of run `run_dir` (atomically) and keep the newest `keep`: float32 weights
+    whatever the training precision; `notes`, strings, go into the safetensors metadata (e.g. the
+    precision the run trained in). A write that fails for want of storage is a StorageError naming
+    the file; its temporary folder is removed and the checkpoints written before are untouched."""
     ckpts = os.path.join(run_dir, "checkpoints")
     name = f"step_{step:07d}"
     final, tmp, where = os.path.join(ckpts, name), None, ckpts
@@ -73,7 +75,7 @@ def save_checkpoint(run_dir: str, step: int, model, cfg: Config, state: dict | N
         tmp = tempfile.mkdtemp(dir=ckpts, prefix=".tmp-")
         weights = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
         where = os.path.join(final, "model.safetensors")  # named as it will be; written in tmp
-        save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"step": str(step)})
+        save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"step": str(step), **(notes or {})})
         where = os.path.join(final, "config.json")
         with open(os.path.join(tmp, "config.json"), "w") as f:
             f.write(cfg.to_json())
@@ -316,6 +318,12 @@ def load_weights(model, ckpt_dir: str, cfg: Config | None = None) -> None:
     if missing or unexpected:
         raise CheckpointError(f"checkpoint {ckpt_dir} does not fit this model: missing {missing}, "
                               f"unexpected {unexpected}")
+
+
+def read_notes(ckpt_dir: str) -> dict:
+    """The notes save_checkpoint wrote into the weights' metadata (the step, the precision)."""
+    with safe_open(os.path.join(ckpt_dir, "model.safetensors"), "pt") as f:
+        return dict(f.metadata() or {})
 
 
 def load_state(ckpt_dir: str, map_location=None) -> dict:

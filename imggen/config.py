@@ -11,6 +11,7 @@ from imggen.context import CONTEXTS, FILLS, MAX_CONTEXT_SLICES
 from imggen.tasks import TASKS
 from imggen.errors import ConfigError
 from imggen.patterns import Pattern, config_params, pattern_for_image
+from imggen.precision import PRECISIONS
 
 BACKENDS = ("auto", "cpu", "triton", "flex", "reference")
 
@@ -148,6 +149,7 @@ class TrainConfig:
     activation_checkpointing: bool = False  # recompute each block's activations in the backward
     task: str = "generate"          # generate | inpaint (a context model learns to fill masked pixels)
     augment: bool = False           # a random warp + gamma per training image (imggen.augment)
+    precision: str = "auto"         # auto | fp32 | bf16: bf16 autocast of the forward (imggen.precision)
 
     def validate(self) -> "TrainConfig":
         _at_least("train", self, 1, steps=1, batch_size=1, eval_every=1, eval_images=1, sample_num=1,
@@ -157,6 +159,8 @@ class TrainConfig:
         _at_most("train", self, steps=2 ** 40, batch_size=2 ** 16, eval_images=2 ** 20, sample_num=2 ** 12)
         if self.task not in TASKS:
             raise ConfigError(f"train.task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         return self

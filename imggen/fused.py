@@ -5,7 +5,8 @@ input and the GELU in the backward, instead of keeping them: a Transformer block
 about 2,560 numbers per token (dim 256) instead of about 4,350. Calls whose extra activations fit
 imggen.memory's save limit (small problems) run the plain modules instead, which is faster. The
 parameters stay nn.LayerNorm / nn.Linear modules, so checkpoints are unchanged; outside autograd
-the modules run as usual.
+the modules run as usual. Under bf16 autocast the weights are cast once per call and x stays as
+it comes (the float32 residual stream): LayerNorm statistics are float32, the matmuls bf16.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from imggen.memory import saves
+from imggen.precision import compute_dtype
 
 
 def wide(x: torch.Tensor) -> torch.Tensor:
@@ -38,7 +40,7 @@ class _LNLinear(torch.autograd.Function):
         y, mean, rstd = _norm(x, ln)
         ctx.save_for_backward(x, mean, rstd, w)
         ctx.ln, ctx.has_bias = ln, b is not None
-        return F.linear(y.to(x.dtype), w, b)
+        return F.linear(y.to(w.dtype), w, b)
 
     @staticmethod
     def backward(ctx, dout):
@@ -54,7 +56,7 @@ class _LNMLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, ln_w, ln_b, w1, b1, w2, b2, ln):
         y, mean, rstd = _norm(x, ln)
-        h = F.linear(y.to(x.dtype), w1, b1)
+        h = F.linear(y.to(w1.dtype), w1, b1)
         ctx.save_for_backward(x, mean, rstd, h, w1, w2)
         ctx.ln = ln
         return F.linear(F.gelu(h, approximate="tanh"), w2, b2)
@@ -77,11 +79,8 @@ def ln_linear(x, ln: torch.nn.LayerNorm, linear: torch.nn.Linear) -> torch.Tenso
     """linear(ln(x)), saving x instead of ln(x) for the backward unless ln(x) fits the save limit."""
     if not torch.is_grad_enabled() or saves(x.numel() * x.element_size()):
         return linear(ln(x))
-    w, b = linear.weight, linear.bias
-    if torch.is_autocast_enabled(x.device.type):
-        w = w.to(torch.get_autocast_dtype(x.device.type))
-        b = None if b is None else b.to(w.dtype)
-        x = x.to(w.dtype)
+    dt = compute_dtype(x)  # autocast: the weights once in its dtype; x stays as is (fp32 statistics)
+    w, b = linear.weight.to(dt), None if linear.bias is None else linear.bias.to(dt)
     return _LNLinear.apply(x, ln.weight, ln.bias, w, b, ln)
 
 
@@ -91,8 +90,6 @@ def ln_mlp(x, ln: torch.nn.LayerNorm, fc1: torch.nn.Linear, fc2: torch.nn.Linear
     if not torch.is_grad_enabled() or saves(x.numel() // x.shape[-1] * (x.shape[-1] + fc1.out_features)
                                             * x.element_size()):
         return fc2(F.gelu(fc1(ln(x)), approximate="tanh"))
-    w1, b1, w2, b2 = fc1.weight, fc1.bias, fc2.weight, fc2.bias
-    if torch.is_autocast_enabled(x.device.type):
-        dt = torch.get_autocast_dtype(x.device.type)
-        w1, b1, w2, b2, x = w1.to(dt), b1.to(dt), w2.to(dt), b2.to(dt), x.to(dt)
+    dt = compute_dtype(x)
+    w1, b1, w2, b2 = (t.to(dt) for t in (fc1.weight, fc1.bias, fc2.weight, fc2.bias))
     return _LNMLP.apply(x, ln.weight, ln.bias, w1, b1, w2, b2, ln)

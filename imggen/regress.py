@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from imggen.augment import augment as augment_batch
 from imggen.context import ContextEncoder, make_context
 from imggen.errors import CheckpointError, ConfigError
+from imggen.precision import autocast
 from imggen.tasks import training_masks
 
 LOSSES = ("mse", "l1")
@@ -85,10 +86,11 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
 
 def train_regressor(model: HoleRegressor, images: np.ndarray, data_masks: np.ndarray | None, *, steps: int,
                     batch_size: int = 8, lr: float = 2e-3, warmup: int = 30, seed: int = 0, loss: str = "mse",
-                    augment: bool = False, log=None, log_every: int = 50) -> dict:
+                    augment: bool = False, log=None, log_every: int = 50, precision: str = "fp32") -> dict:
     """Train on uint8 images (N, C, H, W) with the context model's training masks (`data_masks`: the
     data's own (N, 1, H, W) or None) and, with `augment`, its warps (imggen.augment, as
-    --train.augment). `log(dict)` receives {step, loss, lr, seconds} every `log_every` steps.
+    --train.augment; `precision` as --train.precision: bf16 autocast of the forward, the loss and
+    the weights float32). `log(dict)` receives {step, loss, lr, seconds} every `log_every` steps.
     Returns {"steps", "seconds", "loss"} (the last logged mean loss)."""
     if steps < 1 or batch_size < 1 or lr <= 0:
         raise ConfigError(f"regression training needs steps >= 1, batch_size >= 1, lr > 0; got {steps}, "
@@ -111,7 +113,9 @@ def train_regressor(model: HoleRegressor, images: np.ndarray, data_masks: np.nda
             masks = torch.from_numpy(masks)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr, warmup)
-        value = hole_loss(model(model.context(x, masks)), x, masks, loss)
+        with autocast("cpu", precision):
+            pred = model(model.context(x, masks))
+        value = hole_loss(pred.float(), x, masks, loss)
         opt.zero_grad(set_to_none=True)
         value.backward()
         opt.step()

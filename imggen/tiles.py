@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from imggen.patterns import Pattern
-from imggen.windows import Windows, additive_mask
+from imggen.windows import Windows, additive_mask, in_dtype
 
 
 class TileWindows(Windows):
@@ -115,7 +115,7 @@ class TileWindows(Windows):
         for ya, yb, yc in rows:
             if ya < yb:
                 for xa, xb, xc in self.col_runs(self.tiles_x):
-                    s5[:, ya - y0:yb - y0, xa:xb].add_(self.bias(yc, xc))
+                    s5[:, ya - y0:yb - y0, xa:xb].add_(in_dtype(self.bias(yc, xc), s.dtype))
         return s
 
 

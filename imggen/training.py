@@ -1,7 +1,7 @@
 """Training loop and the train.py CLI (single process, or DDP under torchrun).
 
 Reads top to bottom: `setup` (config, data, model, optimizer, `--resume`) -> `train_step` (one
-AdamW step: bf16 autocast on CUDA, clipping, a clear error on a non-finite loss) -> `periodic`
+AdamW step: bf16 autocast as --train.precision says, clipping, a clear error on a non-finite loss) -> `periodic`
 (log, validation bits/dim, sample grids, atomic checkpoints) -> `finish` (test bits/dim, final
 grid). `--resume` restores weights, optimizer, RNG state and the data position exactly; SIGINT /
 SIGTERM finish the current step, save a checkpoint and exit with code 130. The data and the order
@@ -25,6 +25,7 @@ from imggen.augment import augment_tokens
 from imggen.config import Config
 from imggen.errors import CheckpointError, ConfigError, Interrupted, StorageError, TrainingError, WorkerLost
 from imggen.model import ImageTransformer
+from imggen.precision import autocast, describe, resolve
 from imggen.batches import batch_indices, ddp_mask_norm, load_data, unigram_bpd
 from imggen.runlock import RunLock
 from imggen.storage import atomic_write_text
@@ -41,11 +42,6 @@ def lr_at(step: int, cfg) -> float:
         return t.lr * (step + 1) / t.warmup
     frac = min(1.0, (step - t.warmup) / max(1, t.steps - t.warmup))
     return t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
-def autocast(device):
-    dev = torch.device(device)
-    return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
 
 
 def build_model_and_optimizer(cfg: Config, device):
@@ -74,7 +70,7 @@ def train_step(model, opt, x: torch.Tensor, step: int, cfg: Config, device, loss
     the returned values, averaged over the processes, are the global batch's loss."""
     for g in opt.param_groups:
         g["lr"] = lr_at(step, cfg)
-    with autocast(device):
+    with autocast(device, cfg.train.precision):
         logits = model(x, context=context)
     nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1),
                                             reduction="none")
@@ -155,10 +151,16 @@ def setup(cfg: Config, out: str, resume: bool, overwrite: bool, device: str | No
     if resume:
         saved = ck.read_config(found)
         diff = ck.config_diff(saved, cfg) + ck.config_diff(saved, cfg, "data")
+        if saved.train.precision != cfg.train.precision:  # a property of the run, as the model is
+            diff.append(f"train.precision: checkpoint {saved.train.precision!r} vs requested {cfg.train.precision!r}")
         if diff:
             raise CheckpointError(f"cannot resume {out}: its config differs from the requested one:\n  "
                                   + "\n  ".join(diff))
         ck.check_fits(found, cfg)  # the weights file bounds the model a run folder can make us build
+        was, now = ck.read_notes(found).get("precision"), resolve(cfg.train.precision, device)[0]
+        if was and was != now and rank == 0:  # `auto` on another machine
+            print(f"note: {out} trained in {was} so far and continues in {now} here (--train.precision "
+                  f"{cfg.train.precision}); the continuation is not bit-exact")
     model, opt = build_model_and_optimizer(cfg, device)
     run = Run(cfg, out, device, rank, world, model, opt, {})
     if resume:
@@ -177,6 +179,7 @@ def setup(cfg: Config, out: str, resume: bool, overwrite: bool, device: str | No
             print(f"resumed {out} at step {run.step} from {found}")
     if run.main:
         atomic_write_text(os.path.join(out, "config.json"), cfg.to_json())
+        print(describe(cfg.train.precision, device))
     run.splits = data if data is not None else load_data(cfg, progress)[0]
     if run.main:
         print(f"data {cfg.data.spec}: {len(run.splits['train'])} train / {len(run.splits['val'])} val / "
@@ -208,7 +211,8 @@ def save(run: Run) -> None:
         raise TrainingError(f"the weights became non-finite at step {run.step}")
     if run.main:
         run.last_good = ck.save_checkpoint(run.out, run.step, run.model, run.cfg, {
-            "optimizer": run.opt.state_dict(), "rng": torch.get_rng_state(), "step": run.step})
+            "optimizer": run.opt.state_dict(), "rng": torch.get_rng_state(), "step": run.step},
+            notes={"precision": resolve(run.cfg.train.precision, run.device)[0]})
     if run.world > 1:
         dist.barrier()
 

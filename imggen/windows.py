@@ -3,6 +3,8 @@ shares (queries in blocks, keys in one padded buffer, work in chunks of slices x
 and the additive masks they add to scores."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -74,3 +76,10 @@ def additive_mask(ok: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     """0 where `ok`, -inf elsewhere, on ok's device: an attention mask to add to the scores (adding
     it costs a tenth of a masked_fill_)."""
     return torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill_(~ok, float("-inf"))
+
+
+@functools.lru_cache(maxsize=64)
+def in_dtype(bias: torch.Tensor, dtype) -> torch.Tensor:
+    """A cached mask bias (0 / -inf, exact in any float dtype) in the scores' dtype: adding a float32
+    bias to bfloat16 scores costs four times a same-dtype add."""
+    return bias if bias.dtype == dtype else bias.to(dtype)
