@@ -289,7 +289,8 @@ PRESETS: dict[str, dict] = {
     # 64x64 inpainting (the brats-demo challenge-like masks): a context model still trainable on a CPU.
     # The biharmonic fill as context and the warps (train.augment): val hole bits/dim 6.36 at 400 steps
     # and 6.24 at 700 (before: 6.49 at 270, flat to 470); at 700 steps (52 min) the mean of 16 fills
-    # is 2.2 dB above 3-D biharmonic (bench/RESULTS.md section 10). The recipe before:
+    # is 2.2 dB above 3-D biharmonic on 64x64 test volumes (bench/RESULTS.md section 10; at native
+    # 240x240x155 it is below biharmonic, issue 35). The recipe before:
     # --model.context_fill none --train.augment false
     "brats64": dict(model=dict(height=64, width=64, channels=1, bits=8, dim=128, layers=4, heads=4,
                                attention="local2d,band", radius=3, context="unet", context_width=64,
