@@ -5,7 +5,7 @@
                                 [--parity demo=600,brats64=200] [--out bench/results/train_speed.md]
 
 * speed: each preset's real `train.py` (its data, its batch, its context; default settings, i.e. what a
-  user of that checkout gets: `--train.precision auto` where the checkout has it) runs --steps steps
+  user of that checkout gets, plus --after-args for this checkout, e.g. `--train.precision bf16`) runs --steps steps
   in a fresh process per run, the two checkouts taking turns (which goes first alternates between
   repeats), each with an empty render cache. Step seconds = the median over the logged steps after
   the first two (log_every 1: batch tokens / tokens_per_s); peak memory = the process's VmHWM.
@@ -112,7 +112,7 @@ def step_seconds(out: str, tokens_per_step: int) -> list[float]:
     return [tokens_per_step / r["tokens_per_s"] for r in rows if "tokens_per_s" in r and r["step"] > WARM_STEPS]
 
 
-def run_speed(repos: dict, presets: list[str], steps: int, repeat: int) -> list[dict]:
+def run_speed(repos: dict, presets: list[str], steps: int, repeat: int, after_args=()) -> list[dict]:
     sys.path.insert(0, HERE)
     from imggen.config import preset as get
 
@@ -125,7 +125,8 @@ def run_speed(repos: dict, presets: list[str], steps: int, repeat: int) -> list[
             for label, repo in order:
                 with tempfile.TemporaryDirectory() as tmp:
                     env = dict(os.environ, IMGGEN_CACHE_DIR=os.path.join(tmp, "cache"))
-                    res = spawn("train", repo, *train_argv(name, os.path.join(tmp, "run"), steps), env=env)
+                    extra = after_args if label == "after" else ()
+                    res = spawn("train", repo, *train_argv(name, os.path.join(tmp, "run"), steps, extra), env=env)
                     secs = step_seconds(os.path.join(tmp, "run"), per_step)
                 rows.append({"preset": name, "checkout": label, "rep": rep, "step_s": statistics.median(secs),
                              "steps": len(secs), "peak_mib": res["peak_mib"], "wall_s": res["wall_s"]})
@@ -145,6 +146,7 @@ def run_local2d(repos: dict) -> list[dict]:
 
 
 def run_parity(spec: dict, work: str) -> list[dict]:
+    import numpy as np
     import torch
 
     sys.path.insert(0, HERE)
@@ -158,11 +160,17 @@ def run_parity(spec: dict, work: str) -> list[dict]:
         runs = {}
         for prec in ("fp32", "bf16"):
             out = os.path.join(work, f"parity_{name}_{prec}")
-            t0 = time.time()
-            spawn("train", HERE, "--preset", name, "--out", out, "--steps", str(steps), "--no-progress",
-                  "--overwrite", "--train.precision", prec)
-            runs[prec] = (out, time.time() - t0)
-            print(f"parity {name} {prec}: {steps} steps in {runs[prec][1] / 60:.1f} min", flush=True)
+            stamp = os.path.join(out, "parity_train_s.json")  # a finished run of this spec is reused
+            done = os.path.exists(stamp) and json.load(open(stamp)).get("steps") == steps
+            if not done:
+                t0 = time.time()
+                spawn("train", HERE, "--preset", name, "--out", out, "--steps", str(steps), "--no-progress",
+                      "--overwrite", "--train.precision", prec)
+                with open(stamp, "w") as f:
+                    json.dump({"steps": steps, "seconds": time.time() - t0}, f)
+            runs[prec] = (out, json.load(open(stamp))["seconds"])
+            print(f"parity {name} {prec}: {steps} steps in {runs[prec][1] / 60:.1f} min"
+                  + (" (reused)" if done else ""), flush=True)
         cfg = read_config(resolve(runs["fp32"][0]))
         splits, _ = load_data(cfg, progress=False)
         for split in ("val", "test"):
@@ -172,8 +180,9 @@ def run_parity(spec: dict, work: str) -> list[dict]:
             for prec, (out, _) in runs.items():
                 torch.manual_seed(0)
                 model = load_model(out).eval()
-                per[prec] = token_bits_per_dim(model, splits[split][:n], 16, masks=masks, neighbours=nbrs).double()
-            d = (per["bf16"] - per["fp32"]).numpy()
+                per[prec] = np.asarray(token_bits_per_dim(model, splits[split][:n], 16, masks=masks,
+                                                          neighbours=nbrs), dtype=np.float64)
+            d = per["bf16"] - per["fp32"]
             lo, hi = bootstrap_ci(d, 2000, 0)
             rows.append({"preset": name, "steps": steps, "split": split, "n": n,
                          "fp32": float(per["fp32"].mean()), "bf16": float(per["bf16"].mean()),
@@ -196,7 +205,8 @@ def report(a, speed, local2d, parity, argv) -> str:
             peak = {lab: max(r["peak_mib"] for r in rs) for lab, rs in by.items()}
             out.append([name, f"{med['before']:.3f}", f"{med['after']:.3f}", f"**{med['before'] / med['after']:.2f}x**",
                         " / ".join(f"{x:.2f}" for x in pairs), f"{peak['before']:.0f}", f"{peak['after']:.0f}"])
-        lines += ["## Training steps at the preset batch (real train.py, default settings)", "",
+        how = f"default settings; after: {' '.join(a.after_args.split())}" if a.after_args.strip() else "default settings"
+        lines += [f"## Training steps at the preset batch (real train.py, {how})", "",
                   md_table(["preset", "before s/step", "after s/step", "steps/s after / before",
                             "per repeat", "peak MiB before", "peak MiB after"], out), ""]
     if local2d:
@@ -228,6 +238,8 @@ def main(argv=None) -> int:
     ap.add_argument("--presets", default="demo,moses,brats64")
     ap.add_argument("--steps", type=int, default=12, help="training steps per speed run (the first 2 are not timed)")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--after-args", default="", help="extra train.py arguments for this checkout's speed runs, "
+                                                     "e.g. '--train.precision bf16'")
     ap.add_argument("--parity", default="demo=600,brats64=200", help="PRESET=STEPS,... for the parity part")
     ap.add_argument("--work", default=os.path.join(HERE, "runs", "train_speed"))
     ap.add_argument("--out", default=os.path.join(HERE, "bench", "results", "train_speed.md"))
@@ -236,7 +248,7 @@ def main(argv=None) -> int:
     if parts & {"speed", "local2d"} and not a.before:
         ap.error("--before CHECKOUT is needed for the speed and local2d parts")
     repos = {"before": os.path.abspath(a.before), "after": HERE} if a.before else {}
-    speed = run_speed(repos, a.presets.split(","), a.steps, a.repeat) if "speed" in parts else []
+    speed = run_speed(repos, a.presets.split(","), a.steps, a.repeat, a.after_args.split()) if "speed" in parts else []
     local2d = run_local2d(repos) if "local2d" in parts else []
     parity = run_parity({k: int(v) for k, v in (p.split("=") for p in a.parity.split(","))}, a.work) \
         if "parity" in parts else []
