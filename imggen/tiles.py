@@ -66,9 +66,14 @@ class TileWindows(Windows):
     # ---- keys: one flat run of slice_len rows per slice ----------------------------------------
     def key_buffer(self, x, shape, dtype=None):
         b, h, n, d = shape
-        buf = torch.zeros(b * h * self.slice_len, d, dtype=dtype or x.dtype)
-        if x is not None:
-            self.unpad_keys(buf, shape).copy_(x)
+        if x is None:
+            return torch.zeros(b * h * self.slice_len, d, dtype=dtype)
+        buf = torch.empty(b * h * self.slice_len, d, dtype=dtype or x.dtype)  # only the padding zeroed
+        first = self.lead - self.shift
+        runs = buf.view(b * h, self.slice_len, d)
+        runs[:, :first].zero_()
+        runs[:, first + n:].zero_()
+        self.unpad_keys(buf, shape).copy_(x)
         return buf
 
     def unpad_keys(self, buf, shape):

@@ -43,9 +43,14 @@ class Windows:
         """(B, H, n, D) -> the padded key buffer (zeros when x is None)."""
         b, h, n, d = shape
         rows = b * h * self.nqb * self.block
-        buf = torch.zeros(self.lpad + rows + self.tail, d, dtype=dtype or x.dtype)
-        if x is not None:
-            buf[self.lpad:self.lpad + rows].view(b, h, -1, d)[:, :, :n] = x
+        if x is None:
+            return torch.zeros(self.lpad + rows + self.tail, d, dtype=dtype)
+        buf = torch.empty(self.lpad + rows + self.tail, d, dtype=dtype or x.dtype)  # only the padding zeroed
+        buf[:self.lpad].zero_()
+        buf[self.lpad + rows:].zero_()
+        body = buf[self.lpad:self.lpad + rows].view(b, h, -1, d)
+        body[:, :, n:].zero_()
+        body[:, :, :n] = x
         return buf
 
     def unpad_keys(self, buf: torch.Tensor, shape) -> torch.Tensor:
