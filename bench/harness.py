@@ -216,6 +216,17 @@ def git_commit() -> str:
     return _run(["git", "rev-parse", "--short", "HEAD"]) or "unknown"
 
 
+def use_checkout(repo: str) -> None:
+    """Import imggen from checkout `repo` (e.g. a `git worktree` of an older commit), not from an
+    installed (editable) copy: the editable finders are removed and the checkout's top-level kernels/,
+    datasets/ and eval/ folders serve as imggen.kernels / .datasets / .eval, as the install maps them."""
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+    sys.path.insert(0, repo)
+    import imggen
+
+    imggen.__path__.append(repo)
+
+
 def machine(gpu: bool = True) -> dict:
     """What a run ran on: CPU model and logical CPUs, Python, torch (version, threads), Triton and the
     GPU where there are, and the commit."""

@@ -33,19 +33,12 @@ import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(HERE, "bench"))
-from harness import command_line, md_row, md_table, repeat, write_atomic  # noqa: E402
+from harness import command_line, md_row, md_table, repeat, use_checkout, write_atomic  # noqa: E402
 
 STEPS_MEASURED = 6
 
 
 # ------------------------------------------------------------------------------------ workers
-def _import(repo: str):
-    """imggen from `repo`, not from an installed (editable) copy."""
-    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-    sys.path.insert(0, repo)
-    import imggen  # noqa: F401
-
-
 def _new_api(repo: str) -> bool:
     return os.path.exists(os.path.join(repo, "imggen", "threads.py"))
 
@@ -218,7 +211,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.worker:
         repo, kind, *rest = args.worker
-        _import(repo)
+        use_checkout(repo)
         fn = {"grid": lambda: worker_grid(repo, rest[0]),
               "inpaint": lambda: worker_inpaint(repo, rest[0], rest[1]),
               "memory": lambda: worker_memory(repo, rest[0], rest[1] == "1"),

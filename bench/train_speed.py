@@ -32,21 +32,12 @@ import time
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(HERE, "bench"))
-from harness import command_line, machine, machine_line, md_table, write_atomic  # noqa: E402
+from harness import command_line, machine, machine_line, md_table, use_checkout, write_atomic  # noqa: E402
 
 WARM_STEPS = 2
 
 
 # ------------------------------------------------------------------------------------ workers
-def use_checkout(repo: str) -> None:
-    """Import imggen (and imggen.kernels / .datasets / .eval) from `repo`, not from an installed copy."""
-    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-    sys.path.insert(0, repo)
-    import imggen
-
-    imggen.__path__.append(repo)  # the top-level kernels/, datasets/, eval/ folders as imggen.*
-
-
 def peak_rss_mib() -> float:
     with open("/proc/self/status") as f:
         for line in f:
