@@ -43,11 +43,11 @@ def save_image(array_hwc: np.ndarray, path: str, scale: int = 1) -> None:
         if os.path.isfile(tmp):
             os.remove(tmp)
     try:
-        with writing(path, remove):  # a full disk, a quota or a read-only folder: one StorageError
+        with writing(path):  # a full disk, a quota or a read-only folder: one StorageError
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             img.save(tmp, format="PNG")
             os.replace(tmp, path)
-    except BaseException:  # Ctrl-C too
+    except BaseException:  # the StorageError, any other failure, Ctrl-C: no temporary file left
         remove()
         raise
 
