@@ -1,6 +1,7 @@
 """What a run survives (README, 'What survives what'): a second run on a busy folder, kill -9 at
 random moments, a full disk / quota / read-only folder while anything is written, a dead DDP worker,
 damaged cache entries."""
+import contextlib
 import errno
 import json
 import os
@@ -324,18 +325,26 @@ def _workers(agent: int) -> dict[int, int]:
 def _torchrun_and_kill(run, rank, *extra, steps=100000):
     """Train `run` under torchrun (2 gloo processes), kill -9 worker `rank` once training is under way;
     -> (torchrun's return code, its output, seconds from the kill to torchrun's exit)."""
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *extra,
-                             "train.py", *SMALL, "--steps", str(steps), "--out", run], cwd=REPO, env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.time() + 120
-    while time.time() < deadline and len(_steps(run)) < 8:
-        time.sleep(0.05)
-    workers = _workers(proc.pid)
-    assert sorted(workers) == [0, 1], workers
-    os.kill(workers[rank], signal.SIGKILL)
-    killed = time.time()
-    out, _ = proc.communicate(timeout=STOP_S + 60)
-    return proc.returncode, out, time.time() - killed
+    with socket.socket() as s:  # a port of its own: a group of an earlier test may still hold 29500
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                             "--master_port", str(port), *extra, "train.py", *SMALL, "--steps", str(steps),
+                             "--out", run], cwd=REPO, env=ENV, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and len(_steps(run)) < 8:
+            time.sleep(0.05)
+        workers = _workers(proc.pid)
+        assert sorted(workers) == [0, 1], workers
+        os.kill(workers[rank], signal.SIGKILL)
+        killed = time.time()
+        out, _ = proc.communicate(timeout=STOP_S + 60)
+        return proc.returncode, out, time.time() - killed
+    finally:  # a run that failed the test leaves no process behind to hold the port or the cores
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_a_killed_ddp_worker_stops_the_run_within_the_stated_time_and_resume_continues(tmp_path):
