@@ -59,10 +59,9 @@ def _write_manifest(ckpt_dir: str) -> None:
 
 def save_checkpoint(run_dir: str, step: int, model, cfg: Config, state: dict | None = None, keep: int = 2,
                     notes: dict | None = None) -> str:
-    """Write checkpoint `step` of run `run_dir` (atomically) and keep the newest `keep`: float32 weights
-    whatever the training precision; `notes`, strings, go into the safetensors metadata (e.g. the
-    precision the run trained in). A write that fails for want of storage is a StorageError naming
-    the file; its temporary folder is removed and the checkpoints written before are untouched."""
+    """Write checkpoint `step` of run `run_dir` (atomically; float32 weights; `notes`, strings, into the
+    safetensors metadata, e.g. the precision) and keep the newest `keep`. A write that fails for want of
+    storage is a StorageError naming the file; its temporary folder is removed, earlier checkpoints kept."""
     ckpts = os.path.join(run_dir, "checkpoints")
     name = f"step_{step:07d}"
     final, tmp, where = os.path.join(ckpts, name), None, ckpts
@@ -96,8 +95,9 @@ def save_checkpoint(run_dir: str, step: int, model, cfg: Config, state: dict | N
     others = [d for d in os.listdir(ckpts) if _STEP.fullmatch(d) and d != name]
     older = sorted(d for d in others if _step(d) < step)
     stale = [d for d in others if _step(d) > step] + [d for d in os.listdir(ckpts) if d.startswith(".tmp-")]
-    for d in stale + older[: max(0, len(older) - (keep - 1))]:
-        shutil.rmtree(os.path.join(ckpts, d), ignore_errors=True)
+    for d in stale + older[: max(0, len(older) - (keep - 1))]:  # a .tmp- file: LATEST's write cut short
+        path = os.path.join(ckpts, d)
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
     return final
 
 

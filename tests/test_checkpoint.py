@@ -225,3 +225,15 @@ def test_load_model_of_a_wrong_path_names_that_path(tmp_path):
         ck.load_model("")
     with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path / 'missing'} does not exist; pass a run"):
         ck.load_model(tmp_path / "missing")
+
+
+def test_a_save_removes_temporary_files_and_folders_left_by_a_kill(tmp_path):
+    """kill -9 can stop a save in its weights folder (.tmp-XXXX/) or in LATEST's rename (a .tmp-XXXX
+    file); the next save removes both kinds."""
+    cfg, model = Config(), torch.nn.Linear(2, 2)
+    ck.save_checkpoint(str(tmp_path), 1, model, cfg)
+    ckpts = tmp_path / "checkpoints"
+    (ckpts / ".tmp-latest").write_text("step_0000001")
+    (ckpts / ".tmp-folder").mkdir()
+    ck.save_checkpoint(str(tmp_path), 2, model, cfg)
+    assert sorted(os.listdir(ckpts)) == ["LATEST", "step_0000001", "step_0000002"]
