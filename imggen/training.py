@@ -124,10 +124,18 @@ def train_device(device: str | None) -> str:
 
 
 def _dist_setup():
+    """Join the process group (under torchrun). torchrun's static rendezvous (its default with
+    --master_port) serves one store to every group it starts, and a group restarted by --max-restarts
+    found the keys of the group before it there: gloo read a dead process's address, the two ranks each
+    waited for the other to connect, and the restart hung (issue 37). Each restart gets keys of its own."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return 0, 1
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = int(os.environ["RANK"])
+    store = next(dist.rendezvous("env://", rank, world))[0]
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=rank, world_size=world,
+                            store=dist.PrefixStore(f"imggen/attempt_{attempt}/", store))
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     return dist.get_rank(), world
