@@ -3,6 +3,8 @@ gradient (mask counts differ between the processes, or are 0 on one) and the log
 import json
 import os
 import socket
+import time
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -140,3 +142,32 @@ def test_ddp_logged_train_bpd_is_the_single_process_one(tmp_path, task, augment)
     one, two = train_bpd(str(tmp_path / "one")), train_bpd(str(tmp_path / "two"))
     assert len(one) == len(two) == cfg.train.steps
     assert two == pytest.approx(one, rel=1e-6)
+
+
+def _restarted_worker(rank, port, attempt, late):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(WORLD), TORCHELASTIC_USE_AGENT_STORE="True",
+                      TORCHELASTIC_RESTART_COUNT=str(attempt))
+    time.sleep(late if rank == 0 else 0)
+    _dist_setup()
+    x = torch.ones(1)
+    dist.all_reduce(x)
+    assert x.item() == WORLD
+    dist.destroy_process_group()
+
+
+def test_a_group_torchrun_restarts_connects_on_the_store_the_group_before_it_used():
+    """torchrun's static rendezvous (its default with --master_port) serves one store, its agent's, to
+    every group it starts. A restarted group whose rank 0 came late read the dead group's gloo addresses
+    there: connection refused, or both ranks waiting for the other (issue 37)."""
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, 1, True, timedelta(seconds=60))  # as torchrun's agent hosts it
+    for attempt in range(4):  # each restart's rank 0 late: unfixed, 3 of 4 such restarts failed or hung
+        group = mp.spawn(_restarted_worker, args=(port, attempt, 2.0 if attempt else 0.0), nprocs=WORLD, join=False)
+        deadline = time.time() + 60
+        while not group.join(timeout=1):
+            if time.time() > deadline:
+                for p in group.processes:
+                    p.kill()
+                pytest.fail(f"the group of attempt {attempt} hung connecting")
+    del store
