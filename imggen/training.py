@@ -124,10 +124,10 @@ def train_device(device: str | None) -> str:
 
 
 def _dist_setup():
-    """Join the process group (under torchrun). torchrun's static rendezvous (its default with
-    --master_port) serves one store to every group it starts, and a group restarted by --max-restarts
-    found the keys of the group before it there: gloo read a dead process's address, the two ranks each
-    waited for the other to connect, and the restart hung (issue 37). Each restart gets keys of its own."""
+    """Join the process group (under torchrun). torchrun serves one store to every group it starts
+    (--master_port and --rdzv-backend c10d alike), and a group restarted by --max-restarts found the keys
+    of the group before it there: gloo read a dead process's address, and the restart was refused or hung
+    with each rank waiting for the other (issue 37). Each restart gets keys of its own."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return 0, 1
