@@ -44,6 +44,9 @@ class ImageSplits:
       (N, 2s+1), the index in the same split of slice z+d of image i's volume, d = -s..s (-1: not in
       the split: outside the volume, or dropped), and bool (N, 2s+1, H, W), image i's 3-D hole cut at
       those slices (the middle one is masks[i]).
+    fills (volume data asked for fills3d=True): uint8 (N, C, H, W) per split, image i with its data
+      mask's hole filled by the 3-D biharmonic fill of its volume (the context's classic channel of a
+      model with model.context_fill "biharmonic3d").
     """
 
     train: np.ndarray
@@ -54,6 +57,7 @@ class ImageSplits:
     info: dict = field(default_factory=dict)  # free-form: counts of skipped items, source, licence
     neighbours: dict[str, np.ndarray] = field(default_factory=dict)
     neighbour_masks: dict[str, np.ndarray] = field(default_factory=dict)
+    fills: dict[str, np.ndarray] = field(default_factory=dict)
 
     def split(self, name: str) -> np.ndarray:
         if name not in ("train", "val", "test"):

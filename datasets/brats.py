@@ -42,6 +42,7 @@ meta = {"case": {split: [...]}, "slice": {split: [axial index k in the RAS volum
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from pathlib import Path
 
@@ -324,6 +325,8 @@ DEMO_VARIANTS = ("orig", "flip", "gamma0.8", "gamma1.25")
 DEMO_MASKS = ("challenge", "ellipses")
 DEMO_SIDE_MM = 233.0  # the template's 197 x 233 mm axial plane, zero-padded to a square, is the stored 128 px
 DEMO_GAP = 10         # slices (1 mm each) between every training slice and every val / test slice
+DEMO_VAL_Z = (45, 60)    # template z (1 mm axial slices) of the val zone: slabs 4-5 (16 slices)
+DEMO_TEST_Z = (61, 108)  # the test zone: slabs 6-11 (48 slices), where the native benchmark's holes lie
 DEMO_BANK = 24        # 3-D challenge-like masks drawn on the template (at least one meets every slice)
 MASK_SEED = 0         # the 3-D masks are the same for every run: evaluation masks stay fixed
 
@@ -353,18 +356,38 @@ def _demo_sections(bank, b: int, i: int, s: int, height: int, width: int, flip: 
     return out
 
 
-def honest_split(patient: np.ndarray, z: np.ndarray, seed: int, gap: int = DEMO_GAP) -> dict[str, np.ndarray]:
-    """Slice indices per split: slabs (patients) split by `split_indices`, then every training slice
-    closer than `gap` slices to a val or test slice dropped, so evaluation slices lie >= gap mm from
-    every training slice of the template (its neighbours are near copies of it)."""
-    patients = np.unique(patient)
-    out = {s: np.flatnonzero(np.isin(patient, patients[pidx]))
-           for s, pidx in split_indices(len(patients), seed).items()}
+def honest_split(patient: np.ndarray, z: np.ndarray, seed: int = 0, gap: int = DEMO_GAP) -> dict[str, np.ndarray]:
+    """Slice indices per split: the slabs (patients) of the val zone (DEMO_VAL_Z) and of the test
+    zone (DEMO_TEST_Z), two fixed contiguous zones of the template thick enough for real 3-D holes;
+    training gets every other slice at least `gap` slices (mm) from both, so no evaluation slice,
+    and no native-resolution test hole (bench/brats_native.py), has a training slice within
+    `gap` mm. `seed` is kept for the loaders' signature: the zones do not move with it."""
+    out = {}
+    for name, (lo, hi) in (("val", DEMO_VAL_Z), ("test", DEMO_TEST_Z)):
+        slabs = np.unique(patient[(z >= lo) & (z <= hi)])
+        out[name] = np.flatnonzero(np.isin(patient, slabs))
     held = z[np.concatenate([out["val"], out["test"]])]
-    if len(held):
-        far = np.abs(z[out["train"]][:, None] - held[None]).min(1) >= gap
-        out["train"] = out["train"][far]
-    return out
+    far = np.abs(z[:, None] - held[None]).min(1) >= gap
+    out["train"] = np.flatnonzero(far)
+    return {"train": out["train"], "val": out["val"], "test": out["test"]}
+
+
+def demo_split_fills(variants, bank, blob, splits, zs, height, width, channels) -> dict[str, np.ndarray]:
+    """uint8 (N, C, H, W) per split: brats-demo's images with their holes' 3-D biharmonic fills
+    (imggen.datasets.brats_fills), in load_demo's order (variant by variant)."""
+    from imggen.datasets.brats_fills import cached, demo_fills
+
+    def compute():
+        out = {}
+        for s, sel in splits.items():
+            f = demo_fills(variants, lambda b, i, v: _demo_sections(bank, b, i, 0, height, width, v == "flip")[0],
+                           blob, sel, zs, DEMO_SIDE_MM / width)
+            out[s] = np.clip(np.round(np.concatenate([f[v] for v in DEMO_VARIANTS])), 0, 255).astype(np.uint8)[:, None]
+        return out
+
+    key = {"demo": hashlib.sha256(DEMO_FILE.read_bytes()).hexdigest(), "size": (height, width),
+           "zones": (DEMO_VAL_Z, DEMO_TEST_Z, DEMO_GAP), "masks": (MASK_SEED, DEMO_BANK)}
+    return {s: np.repeat(f, channels, axis=1) if channels == 3 else f for s, f in cached(key, compute).items()}
 
 
 def slice_neighbours(volume, z, s: int) -> np.ndarray:
@@ -377,14 +400,18 @@ def slice_neighbours(volume, z, s: int) -> np.ndarray:
 
 
 def load_demo(*, height: int, width: int, channels: int = 1, seed: int = 0, masks: str = "challenge",
-              context_slices: int = 0, **_) -> ImageSplits:
+              context_slices: int = 0, fills3d: bool = False, **_) -> ImageSplits:
     """Shipped real brain slices: axial slices of the MNI152 (ICBM 2009a sym) T1 template.
 
     Built by `datasets/make_brats_demo.py` (see data/README_brats_demo.md for source and licence).
     A "patient" is a slab of 8 neighbouring axial slices; each slice appears in 4 variants
-    (original, left-right flip, gamma 0.8, gamma 1.25) that belong to its slab's patient. Slabs are
-    split at random, then every training slice within DEMO_GAP (10) slices of a val or test slice
-    is dropped (`honest_split`): no evaluation slice has a training slice less than 10 mm away.
+    (original, left-right flip, gamma 0.8, gamma 1.25) that belong to its slab's patient. The val
+    and test splits are two fixed zones (DEMO_VAL_Z: z 45-60, DEMO_TEST_Z: z 61-108, thick enough for
+    3-D holes at native resolution, bench/brats_native.py); training keeps the 54 slices at least
+    DEMO_GAP (10) slices away from both (`honest_split`): no evaluation slice has a training slice
+    less than 10 mm away. `fills3d`: also `fills`, each image with its hole filled by the 3-D
+    biharmonic fill of its split's slices (imggen.datasets.brats_fills; model.context_fill
+    "biharmonic3d").
     Masks (always returned, the inpainting targets), `masks=`:
     * "challenge" (default; `--data brats-demo`): axial sections of fixed, seeded 3-D lumpy blobs
       of 1-15% of the template brain's volume (`demo_mask_bank`), one blob per (slice, variant)
@@ -425,7 +452,7 @@ def load_demo(*, height: int, width: int, channels: int = 1, seed: int = 0, mask
                     m = _resize(bank[b][:, :, i], height, width, nearest=True)
                     vmasks[v][i] = m[:, ::-1] if v == "flip" else m  # flipped with its image: stays in the brain
     out, masks_out, meta = {}, {}, {"case": {}, "slice": {}, "variant": {}}
-    nbrs, nbr_masks = {}, {}
+    nbrs, nbr_masks, fills = {}, {}, {}
     for s, sel in honest_split(patient, zs, seed).items():
         x = np.concatenate([variants[v][sel] for v in DEMO_VARIANTS]) if len(sel) else np.zeros((0, height, width))
         m = np.concatenate([vmasks[v][sel] for v in DEMO_VARIANTS]) if len(sel) else np.zeros((0, height, width), bool)
@@ -443,8 +470,10 @@ def load_demo(*, height: int, width: int, channels: int = 1, seed: int = 0, mask
                 _demo_sections(bank, blob[v][i], i, context_slices, height, width, v == "flip")
                 for v in DEMO_VARIANTS for i in sel]) if len(sel) else np.zeros((0, 2 * context_slices + 1,
                                                                                     height, width), bool)
+    if fills3d and masks == "challenge":  # each hole's 3-D classic fill on its split's slices (cached)
+        fills = demo_split_fills(variants, bank, blob, honest_split(patient, zs, seed), zs, height, width, channels)
     source = "challenge-like 3-D blob sections" if masks == "challenge" else "small random ellipses"
-    return ImageSplits(**out, masks=masks_out, meta=meta, neighbours=nbrs, neighbour_masks=nbr_masks,
+    return ImageSplits(**out, masks=masks_out, meta=meta, neighbours=nbrs, neighbour_masks=nbr_masks, fills=fills,
                        info={"source": f"MNI152 ICBM 2009a symmetric T1 template (nilearn), {source} as masks",
                              "licence": "see datasets/data/README_brats_demo.md", "orientation": ORIENTATION,
                              "skipped": 0, "masks": masks, "gap_slices": DEMO_GAP})

@@ -96,12 +96,22 @@ def augment(images: torch.Tensor, masks, rng: np.random.Generator, stack: torch.
 
 
 def augment_tokens(x: torch.Tensor, masks, rng: np.random.Generator, model_cfg, rows=None, stack=None,
-                   batch: int | None = None):
+                   batch: int | None = None, fills=None):
     """`augment` of token sequences (b, N) of a model config's images -> (tokens on x's device,
-    masks, stack); a 2.5-D stack's middle slice is the model's context_slices."""
+    masks, stack, fills); a 2.5-D stack's middle slice is the model's context_slices. `fills` (float
+    (b, C, H, W), NaN rows: none; imggen.tasks.split_fills), the holes' classic fills, get their
+    image's warp and gamma (they ride along as one more slice of the stack)."""
     from imggen.tokens import detokenize_tokens, tokenize
 
     images = detokenize_tokens(x.cpu(), model_cfg.bits, model_cfg.shape)
     middle = model_cfg.context_slices if (masks is not None and model_cfg.context_slices) else None
+    if fills is not None:
+        missing = torch.isnan(fills).flatten(1).any(1)
+        extra = torch.nan_to_num(fills).round().clamp(0, 255).to(torch.uint8)[:, None]
+        stack = extra if stack is None else torch.cat([torch.as_tensor(stack), extra], 1)
     images, masks, stack = augment(images, masks, rng, stack, middle, rows, batch)
-    return tokenize(images, model_cfg.bits, model_cfg.shape).to(x.device), masks, stack
+    if fills is not None:
+        fills = stack[:, -1].float()
+        fills[missing] = float("nan")
+        stack = None if stack.shape[1] == 1 else stack[:, :-1]
+    return tokenize(images, model_cfg.bits, model_cfg.shape).to(x.device), masks, stack, fills

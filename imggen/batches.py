@@ -16,6 +16,11 @@ def load_data(cfg: Config, progress: bool = True):
 
     m = cfg.model
     opts = {"context_slices": m.context_slices} if m.context_slices else {}  # 2.5-D: each slice's neighbours
+    if m.context_fill == "biharmonic3d":
+        if cfg.data.spec.partition(":")[0] != "brats-demo":
+            raise ConfigError(f"model.context_fill biharmonic3d trains on the 3-D fills of brats-demo's holes; --data "
+                              f"{cfg.data.spec} has none: use --model.context_fill biharmonic")
+        opts["fills3d"] = True
     data = load_dataset(cfg.data.spec, height=m.height, width=m.width, channels=m.channels,
                         seed=cfg.train.seed, skip_bad=cfg.data.skip_bad, progress=progress, **opts)
     if m.context_slices and not data.neighbours:
@@ -31,6 +36,8 @@ def load_data(cfg: Config, progress: bool = True):
                 nbrs, nbr_masks = nbrs[: cfg.data.limit], nbr_masks[: cfg.data.limit]
                 nbrs = np.where(nbrs < cfg.data.limit, nbrs, -1)
             splits[name + "_nbrs"], splits[name + "_nbr_masks"] = nbrs, nbr_masks
+        if name in data.fills:  # model.context_fill biharmonic3d: the holes' 3-D fills
+            splits[name + "_fills"] = data.fills[name][: cfg.data.limit or None]
         if cfg.data.limit:
             imgs, masks = imgs[: cfg.data.limit], None if masks is None else masks[: cfg.data.limit]
         if len(imgs) == 0:

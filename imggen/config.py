@@ -53,7 +53,7 @@ class _ModelCore:
     context: str = "none"            # "unet": an inpainting model that sees the voided image (imggen.context)
     context_width: int = 64          # channels of the context encoder
     context_slices: int = 0          # 2.5-D context: s neighbouring slices on each side (volume data, unet)
-    context_fill: str = "none"       # "biharmonic": the context also carries the hole's classic fill (unet)
+    context_fill: str = "none"       # "biharmonic"(3d): the context also carries the hole's classic fill (unet)
 
     @property
     def seq_len(self) -> int:
@@ -287,14 +287,13 @@ PRESETS: dict[str, dict] = {
                                      ckpt_every=250, sample_num=8, task="inpaint"),
                           data=dict(spec="brats-demo")),
     # 64x64 inpainting (the brats-demo challenge-like masks): a context model still trainable on a CPU.
-    # The biharmonic fill as context and the warps (train.augment): val hole bits/dim 6.36 at 400 steps
-    # and 6.24 at 700 (before: 6.49 at 270, flat to 470); at 700 steps (52 min) the mean of 16 fills
-    # is 2.2 dB above 3-D biharmonic on 64x64 test volumes (bench/RESULTS.md section 10; at native
-    # 240x240x155 it is below biharmonic, issue 35). The recipe before:
-    # --model.context_fill none --train.augment false
+    # Its classic-fill context channel is the hole's 3-D biharmonic fill ("biharmonic3d": brats-demo's
+    # 3-D fills in training, the volume's in sample.py --brats, which adds the model's correction to
+    # that fill at native resolution, imggen.volumes); the warps of train.augment. Figures:
+    # bench/RESULTS.md section 14 (native 240x240x155) and 10 (64x64, the 2-D fill channel, old split).
     "brats64": dict(model=dict(height=64, width=64, channels=1, bits=8, dim=128, layers=4, heads=4,
                                attention="local2d,band", radius=3, context="unet", context_width=64,
-                               context_fill="biharmonic"),
+                               context_fill="biharmonic3d"),
                     train=dict(steps=3000, batch_size=8, lr=2e-3, warmup=100, eval_every=250, eval_images=32,
                                ckpt_every=250, sample_num=4, task="inpaint", augment=True),
                     data=dict(spec="brats-demo")),

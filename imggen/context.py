@@ -28,7 +28,10 @@ import torch.nn.functional as F
 from imggen.errors import ShapeError
 
 CONTEXTS = ("none", "unet")
-FILLS = ("none", "biharmonic")  # model.context_fill: a classic fill of the hole as more context channels
+# model.context_fill: a classic fill of the hole as more context channels: "biharmonic" the 2-D fill of
+# each image; "biharmonic3d" the same channel, trained with the 3-D fills of volume data (brats-demo) and
+# given the volume's 3-D fill by sample.py --brats (imggen.volumes); a lone 2-D image gets its 2-D fill
+FILLS = ("none", "biharmonic", "biharmonic3d")
 MAX_CONTEXT_SLICES = 8  # model.context_slices: neighbouring slices on each side of a 2.5-D context
 
 
@@ -68,18 +71,28 @@ def classic_fill(images: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(out).float() * 2.0 - 1.0
 
 
-def _channels(images: torch.Tensor, masks: torch.Tensor, fill: str = "none") -> torch.Tensor:
+def _channels(images: torch.Tensor, masks: torch.Tensor, fill: str = "none", fills=None) -> torch.Tensor:
     known = (images.float() / 127.5 - 1.0).masked_fill(masks[:, None], 0.0)
-    extra = [classic_fill(images, masks)] if fill == "biharmonic" else []
+    extra = []
+    if fill != "none" and fills is not None:  # given classic fills of the holes (a volume's 3-D fill)
+        given = torch.as_tensor(fills).float().reshape(images.shape)
+        missing = torch.isnan(given).flatten(1).any(1)  # an image without one: its 2-D fill
+        classic = torch.where(masks[:, None], given.clamp(0, 255) / 127.5 - 1.0, images.float() / 127.5 - 1.0)
+        if missing.any():
+            classic[missing] = classic_fill(images[missing], masks[missing])
+        extra = [classic]
+    elif fill != "none":
+        extra = [classic_fill(images, masks)]
     return torch.cat([known, *extra, masks[:, None].float()], 1)
 
 
 def context_channels(channels: int, slices: int = 0, fill: str = "none") -> int:
     """The context's channels: per slice the voided image, its classic fill (if any) and the mask."""
-    return (channels * (2 if fill == "biharmonic" else 1) + 1) * (2 * slices + 1)
+    return (channels * (1 if fill == "none" else 2) + 1) * (2 * slices + 1)
 
 
-def make_context(images, masks, shape: tuple[int, int, int], slices: int = 0, fill: str = "none") -> torch.Tensor:
+def make_context(images, masks, shape: tuple[int, int, int], slices: int = 0, fill: str = "none",
+                 fills=None) -> torch.Tensor:
     """uint8 images (B, C, H, W) and bool masks (B, H, W) (True = unknown) -> float (B, C+1, H, W):
     the voided image ([-1, 1], unknown pixels 0) and the mask channel; with `fill` "biharmonic"
     (B, 2C+1, H, W): the voided image, its biharmonic fill (classic_fill) and the mask.
@@ -95,7 +108,7 @@ def make_context(images, masks, shape: tuple[int, int, int], slices: int = 0, fi
         images, masks = _voided(images, masks, shape)
         if not bool(masks.flatten(1).any(1).all()):
             raise ShapeError("a context mask marks no pixel as unknown (True = unknown); nothing to inpaint")
-        return _channels(images, masks, fill)
+        return _channels(images, masks, fill, fills)
     k = 2 * slices + 1
     images, masks = torch.as_tensor(images), torch.as_tensor(masks)
     if (images.dim() != 5 or images.shape[1] != k or masks.dim() != 4
@@ -106,7 +119,7 @@ def make_context(images, masks, shape: tuple[int, int, int], slices: int = 0, fi
                          f"(B, {k}, {h}, {w}) (a neighbour outside the volume: mask all True); got images "
                          f"{tuple(images.shape)} and masks {tuple(masks.shape)}. A single 2-D image cannot be "
                          f"filled by it: fill a volume (sample.py --brats DIR)")
-    mid = make_context(images[:, slices], masks[:, slices], shape, fill=fill)  # checks the slice to fill
+    mid = make_context(images[:, slices], masks[:, slices], shape, fill=fill, fills=fills)  # checks the slice to fill
     parts = [mid if d == slices else _channels(*_voided(images[:, d], masks[:, d], shape, "neighbour"), fill)
              for d in range(k)]
     return torch.cat(parts, 1)

@@ -142,14 +142,17 @@ class ImageTransformer(nn.Module):
         return x + self.pos_emb(0, n)
 
     # ---- context (inpainting models) -------------------------------------------------------
-    def make_context(self, images, masks) -> torch.Tensor:
+    def make_context(self, images, masks, fills=None) -> torch.Tensor:
         """uint8 images (B, C, H, W) and bool masks (B, H, W) (True = unknown) -> the context tensor (a
-        2.5-D model, model.context_slices = s: the slices z-s..z+s, (B, 2s+1, C, H, W) and (B, 2s+1, H, W))."""
+        2.5-D model, model.context_slices = s: the slices z-s..z+s, (B, 2s+1, C, H, W) and (B, 2s+1, H, W)).
+        `fills` (float (B, C, H, W), 0..255, NaN: none): the holes' classic fills, for models with a
+        context_fill (default: the 2-D biharmonic fill of each image)."""
         if self.context is None:
             raise ShapeError("this model was trained without a context (model.context = 'none'); inpaint with "
                              "imggen.inpaint(model, image, mask) or train one with --task inpaint")
         cfg = self.config
-        return make_context(images, masks, cfg.shape, cfg.context_slices, cfg.context_fill).to(self.start.device)
+        return make_context(images, masks, cfg.shape, cfg.context_slices, cfg.context_fill,
+                            fills).to(self.start.device)
 
     def context_features(self, context: torch.Tensor | None, batch: int) -> torch.Tensor | None:
         """Per-position context features (B, N, dim) (None for models without a context)."""

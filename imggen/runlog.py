@@ -7,10 +7,11 @@ import math
 import os
 import signal
 
+import numpy as np
 import torch
 
 from imggen.storage import atomic_write_text, writing
-from imggen.tasks import split_masks
+from imggen.tasks import split_fills, split_masks
 
 GRID_MIN_S = 5.0  # the end-of-run grid may always take this long
 
@@ -134,7 +135,10 @@ def sample_grid(run, num: int) -> str:
         test = run.splits["test"][:num]
         masks, stack = split_masks(cfg, run.splits, "test", len(test))
         images = detokenize_tokens(test.long(), m.bits, m.shape)
-        context = None if stack is None else model.make_context(stack, masks)  # 2.5-D: the test slices' neighbours
+        fills = split_fills(run.splits, "test", np.arange(len(test)), masks)
+        context = None  # made by inpaint_images, unless a 2.5-D model's neighbours or 3-D fills are given
+        if stack is not None or fills is not None:
+            context = model.make_context(images if stack is None else stack, masks, fills)
         masks = masks[:, m.context_slices] if m.context_slices else masks
         filled, _ = inpaint_images(model, images, torch.from_numpy(masks), seed=cfg.train.seed,
                                   progress=run.progress, context=context)

@@ -109,10 +109,27 @@ def neighbour_masks(splits: dict, split: str, idx, nbrs, h: int, w: int) -> np.n
     return np.where((nbrs < 0)[..., None, None], True, own)
 
 
-def inpaint_inputs(model, tokens: torch.Tensor, masks, neighbours=None) -> tuple[torch.Tensor, torch.Tensor]:
+def split_fills(splits: dict, split: str, idx, masks) -> torch.Tensor | None:
+    """The holes' given classic fills of images idx (model.context_fill biharmonic3d: their 3-D fills,
+    imggen.batches.load_data) as float (B, C, H, W), a NaN row where an image was not given its data
+    mask (a random mask: its 2-D fill is made with the context); None without given fills."""
+    fills = splits.get(split + "_fills")
+    if fills is None:
+        return None
+    idx = np.asarray(idx)
+    own = np.asarray(splits[split + "_masks"])[idx]
+    mid = np.asarray(masks)
+    mid = mid[:, mid.shape[1] // 2] if mid.ndim == 4 else mid  # a 2.5-D stack's middle slice
+    out = torch.from_numpy(np.asarray(fills)[idx]).float()
+    out[torch.from_numpy(~(own.reshape(mid.shape) == mid).all((1, 2)))] = float("nan")
+    return out
+
+
+def inpaint_inputs(model, tokens: torch.Tensor, masks, neighbours=None, fills=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(context, token loss mask) for token sequences (B, N) and pixel masks (B, H, W); a 2.5-D model
     (model.context_slices = s) takes masks (B, 2s+1, H, W) and `neighbours`, the uint8 slices
-    (B, 2s+1, C, H, W) around each image (split_masks); the loss covers the middle slice's hole."""
+    (B, 2s+1, C, H, W) around each image (split_masks); the loss covers the middle slice's hole.
+    `fills`: the holes' given classic fills (split_fills)."""
     from imggen.tokens import detokenize_tokens
 
     cfg = model.config
@@ -121,5 +138,6 @@ def inpaint_inputs(model, tokens: torch.Tensor, masks, neighbours=None) -> tuple
     if cfg.context_slices and neighbours is not None:
         stack = torch.as_tensor(neighbours).clone()
         stack[:, cfg.context_slices] = images
-        return model.make_context(stack, masks), token_mask(masks[:, cfg.context_slices], cfg.channels).to(tokens.device)
-    return model.make_context(images, masks), token_mask(masks, cfg.channels).to(tokens.device)
+        return (model.make_context(stack, masks, fills),
+                token_mask(masks[:, cfg.context_slices], cfg.channels).to(tokens.device))
+    return model.make_context(images, masks, fills), token_mask(masks, cfg.channels).to(tokens.device)

@@ -30,7 +30,7 @@ from imggen.batches import batch_indices, ddp_mask_norm, load_data, unigram_bpd
 from imggen.runlock import RunLock
 from imggen.storage import atomic_write_text
 from imggen.runlog import Logger, StopSignal, final_grid, final_metrics, sample_grid
-from imggen.tasks import inpaint_inputs, split_masks
+from imggen.tasks import inpaint_inputs, split_fills, split_masks
 
 LN2 = math.log(2.0)
 
@@ -234,8 +234,8 @@ def evaluate(run: Run, split: str, limit: int | None = None) -> float:
     masks = neighbours = None
     if cfg.train.task == "inpaint":
         masks, neighbours = split_masks(cfg, run.splits, split, len(tokens))
-    return float(token_bits_per_dim(run.model, tokens, cfg.train.batch_size, masks=masks,
-                                    neighbours=neighbours).mean())
+    return float(token_bits_per_dim(run.model, tokens, cfg.train.batch_size, masks=masks, neighbours=neighbours,
+                                    fills=split_fills(run.splits, split, np.arange(len(tokens)), masks)).mean())
 
 
 def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, device: str | None = None,
@@ -355,9 +355,11 @@ def next_batch(run: Run):
         return (augment_tokens(x, None, rng, m, part, batch=t.batch_size)[0] if t.augment else x), None, None, None
     masks, stack = split_masks(run.cfg, run.splits, "train", t.batch_size, run.step, idx.numpy())
     stack = None if stack is None else stack[part]
+    fills = split_fills(run.splits, "train", idx.numpy(), masks)
+    fills = None if fills is None else fills[part]
     if t.augment:
-        x, masks, stack = augment_tokens(x, masks, rng, m, part, stack)
-    context, loss_mask = inpaint_inputs(run.model, x, masks[part], stack)
+        x, masks, stack, fills = augment_tokens(x, masks, rng, m, part, stack, fills=fills)
+    context, loss_mask = inpaint_inputs(run.model, x, masks[part], stack, fills)
     mid = masks[:, m.context_slices] if m.context_slices else masks  # the slices being filled
     return x, context, loss_mask, ddp_mask_norm(mid, m.channels, run.world)
 

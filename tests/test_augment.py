@@ -97,8 +97,23 @@ def test_a_stack_is_warped_as_one_volume_and_missing_neighbours_stay_unknown():
 def test_augment_tokens_round_trip_keeps_the_bit_depth():
     cfg = ModelConfig(height=8, width=8, channels=1, bits=3, dim=16, layers=1, heads=2, attention="band", window=5)
     x = tokenize(images(4, 1, 8, 8).numpy(), 3)
-    t, _, _ = augment_tokens(x, None, np.random.default_rng(0), cfg)
+    t, _, _, _ = augment_tokens(x, None, np.random.default_rng(0), cfg)
     assert t.shape == x.shape and t.dtype == x.dtype and int(t.max()) < 8
+
+
+def test_given_fills_ride_along_with_their_image():
+    """The holes' classic fills (model.context_fill biharmonic3d) get their image's warp and gamma; a
+    NaN row (an image without a given fill) stays NaN."""
+    cfg = ModelConfig(height=8, width=8, channels=1, bits=8, dim=16, layers=1, heads=2, attention="band", window=5)
+    imgs = images(4, 1, 8, 8)
+    masks = np.zeros((4, 8, 8), bool)
+    masks[:, 2:6, 2:6] = True
+    fills = imgs.float().clone()
+    fills[1] = float("nan")
+    t, m, stack, f = augment_tokens(tokenize(imgs.numpy(), 8), masks, np.random.default_rng(0), cfg, fills=fills)
+    assert stack is None and torch.isnan(f[1]).all() and not torch.isnan(f[[0, 2, 3]]).any()
+    warped = t.view(4, 8, 8, 1).permute(0, 3, 1, 2).float()
+    assert torch.equal(f[[0, 2, 3]], warped[[0, 2, 3]])  # fill == image before, so after
 
 
 def _cfg(task, augment, steps=4, **model):

@@ -1,0 +1,76 @@
+"""brats-demo's classic fills in 3-D: each hole's biharmonic fill computed on the slices of its split.
+
+A context model with `model.context_fill = "biharmonic3d"` sees, as its classic-fill channel, what
+`sample.py --brats` gives it on a real volume: the 3-D biharmonic fill of the hole (imggen.classic),
+not the 2-D fill of the slice alone. For the shipped template slices this is `demo_fills`: per
+variant and per 3-D blob of the mask bank, the blob's sections on one contiguous block of a split's
+slices are filled at once (spacing: the pixel size in-plane, 1 mm between slices), so a training
+slice's fill reads training slices only, and a test slice's the test zone only. The fills take
+a minute or more at 64 x 64, so `cached` keeps them under the render cache folder
+(imggen.datasets.lazy.cache_root), keyed by everything they depend on; a damaged file is computed
+again with one note.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+
+VERSION = 1  # of the fills' recipe: part of the cache key
+
+
+def blocks(z: np.ndarray) -> list[np.ndarray]:
+    """Indices of `z` grouped into runs of consecutive slices (each run in z order)."""
+    order = np.argsort(z, kind="stable")
+    return [b for b in np.split(order, np.flatnonzero(np.diff(z[order]) != 1) + 1) if len(b)]
+
+
+def demo_fills(variants: dict, sections, blob: dict, sel: np.ndarray, z: np.ndarray, mm: float) -> dict:
+    """{variant: float32 (len(sel), H, W)}: image sel[j] of each variant with the hole of its blob
+    (blob[v][i], -1: none) filled in 3-D. `variants[v]`: float images (N, H, W), 0..255;
+    `sections(b, i, v)`: bool (H, W), blob b cut at slice i in variant v; `mm`: the in-plane pixel size."""
+    from imggen.classic import biharmonic
+
+    where = {int(i): j for j, i in enumerate(sel)}
+    out = {v: np.asarray(im[sel], np.float32).copy() for v, im in variants.items()}
+    for block in blocks(np.asarray(z)[sel]):
+        rows = sel[block]
+        for v, images in variants.items():
+            for b in np.unique(blob[v][rows]):
+                if b < 0:
+                    continue
+                hole = np.stack([sections(b, i, v) for i in rows])
+                if not hole.any():
+                    continue
+                f = biharmonic(images[rows], hole, spacing=(1.0, mm, mm), rtol=1e-6)
+                for j, i in enumerate(rows):
+                    if blob[v][i] == b:
+                        out[v][where[int(i)]] = f[j]
+    return out
+
+
+def cached(key: dict, compute) -> dict:
+    """compute() -> {split: uint8 array}, kept in <cache>/brats-demo-fills-<sha of key>.npz."""
+    from imggen.datasets.lazy import cache_root
+
+    digest = hashlib.sha256(json.dumps({"v": VERSION, **key}, sort_keys=True, default=str).encode()).hexdigest()
+    path = cache_root() / f"brats-demo-fills-{digest[:24]}.npz"
+    if path.is_file():
+        try:  # np.load checks each member's zip CRC: a truncated or altered file fails here
+            with np.load(path) as z:
+                return {k: z[k] for k in z.files}
+        except Exception as e:  # noqa: BLE001 - any damage: compute again
+            print(f"note: {path} is damaged ({type(e).__name__}); computing the brats-demo 3-D fills again",
+                  file=sys.stderr)
+    out = compute()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
+        np.savez_compressed(tmp, **out)
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only or full cache: the fills are still returned
+        print(f"note: cannot keep the brats-demo 3-D fills in {path.parent} ({e.strerror or e})", file=sys.stderr)
+    return out
