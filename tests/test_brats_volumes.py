@@ -138,6 +138,38 @@ def test_hole_in_a_constant_region_comes_back_at_its_intensity(tmp_path, capsys)
     assert np.array_equal(pred[~m], np.where(m, 0, vol)[~m])
 
 
+@pytest.mark.parametrize("kind", ["ramp", "constant"])
+def test_the_fill_joins_the_tissue_without_a_seam(tmp_path, capsys, kind):
+    """The default fill (the 3-D biharmonic fill plus the model's tapered correction): a hole voxel
+    next to known tissue differs from its known neighbour by no more than the volume's own step, even
+    for a random model whose correction is large inside; voxels outside the mask stay bit-identical."""
+    step = 30.0 if kind == "ramp" else 0.0
+    vol = np.zeros(SHAPE, np.float32)
+    vol[3:21, 2:11, 1:11] = (100.0 + step * np.arange(18))[:, None, None]  # a ramp along stored axis 0
+    cases, out = tmp_path / "cases", tmp_path / "pred"
+    make_case(cases, "seam", None, vol=vol)
+    rc, _, err = run_cli(capsys, "--checkpoint", random_run(tmp_path), "--brats", cases, "--out", out,
+                         "--no-progress", "--device", "cpu")
+    assert rc == 0, err
+    pred, m = nib.load(str(out / "seam-t1n-inference.nii.gz")).get_fdata(), hole()
+    assert np.array_equal(pred[~m], np.where(m, 0, vol)[~m])
+    jumps = []
+    for ax in range(3):
+        for d in (-1, 1):
+            nb_known = ~np.roll(m, d, ax)  # voxel i - d (along ax) is known
+            edge = m & nb_known
+            jumps.append(np.abs(pred - np.roll(pred, d, ax))[edge].max())
+    assert max(jumps) <= step + 1e-3 * max(step, 1.0)
+    inside = m & (edge_taper_of(m) > 0)
+    assert np.abs(pred[inside] - vol[inside]).max() > step  # the random model does correct inside: not a no-op
+
+
+def edge_taper_of(m):
+    from imggen.volumes import edge_taper
+
+    return edge_taper(m)
+
+
 def test_bad_cases_are_one_line_each_and_the_others_go_on(tmp_path, capsys):
     rng = np.random.default_rng(1)
     cases = tmp_path / "cases"
@@ -182,8 +214,11 @@ def test_uncertainty_volume(tmp_path, capsys, k):
     assert (s[~m] == 0).all()
     if k == 1:
         assert (s == 0).all()
-    else:
-        assert (s[m] > 0).mean() > 0.5 and (s >= 0).all()  # a random model's draws disagree
+    else:  # a random model's draws disagree, where its correction has weight (imggen.volumes.edge_taper)
+        from imggen.volumes import edge_taper
+
+        inner = edge_taper(m) > 0
+        assert inner.any() and (s[inner] > 0).mean() > 0.5 and (s >= 0).all()
 
 
 def test_mean_of_k_draws_is_the_reported_fill(tmp_path, capsys):
