@@ -293,8 +293,12 @@ def main(argv=None) -> int:
             seconds[name] += time.perf_counter() - t0
         has = m.any((1, 2))
         t0 = time.perf_counter()
+        context = None  # a "biharmonic3d" model is given the volume's 3-D fill, as sample.py --brats gives it
+        if cfg.context_fill == "biharmonic3d":
+            context = ctx_run.model.make_context(torch.from_numpy(x[has]), torch.from_numpy(m[has]),
+                                                 torch.from_numpy(fills[BASELINE][-1][has]).float())
         draws, _ = inpaint_images(ctx_run.model, torch.from_numpy(x[has]), torch.from_numpy(m[has]), num=K,
-                                  seed=args.seed, batch_size=args.batch_size)
+                                  seed=args.seed, batch_size=args.batch_size, context=context)
         dt = time.perf_counter() - t0
         draws = draws.numpy()
         seconds[mean_k] += dt
