@@ -184,14 +184,16 @@ def _down(a: np.ndarray, h: int, w: int) -> np.ndarray:
 def slice_inputs(model, norm: np.ndarray, hole: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One RAS axial slice (normalised to [0, 255]) and its hole (X, Y) -> the model's inputs:
     uint8 (C, H, W) and bool (H, W) (True = unknown: more than half of the pixel is hole, so the
-    hole grows no more than the resize needs; a known pixel averages its known voxels only)."""
+    hole grows no more than the resize needs; in a slice where no pixel is, every pixel the hole
+    touches; a known pixel averages its known voxels only)."""
     from imggen.datasets.brats import ras_slice_to_image
 
     cfg = model.config
     img, hole = ras_slice_to_image(norm), ras_slice_to_image(hole)
     known = (~hole).astype(np.float32)
     weight = _down(known, cfg.height, cfg.width)
-    unknown = _down(hole, cfg.height, cfg.width) > 0.5
+    frac = _down(hole, cfg.height, cfg.width)
+    unknown = frac > 0.5 if (frac > 0.5).any() else frac > 1e-3  # a sliver of hole: the pixels it touches
     low = _down(img * known, cfg.height, cfg.width) / np.maximum(weight, 1e-6)
     low = np.where(unknown, 0, np.clip(np.round(low), 0, 255)).astype(np.uint8)
     return np.repeat(low[None], cfg.channels, 0), unknown

@@ -164,6 +164,20 @@ def test_the_fill_joins_the_tissue_without_a_seam(tmp_path, capsys, kind):
     assert np.abs(pred[inside] - vol[inside]).max() > step  # the random model does correct inside: not a no-op
 
 
+def test_a_sliver_of_hole_smaller_than_half_a_model_pixel_is_filled(tmp_path, capsys):
+    """A slice whose hole covers no model pixel by half (one voxel here: the 8 x 8 model's pixels are
+    2.5 x 3 voxels) is still filled: the pixels the hole touches become unknown."""
+    rng = np.random.default_rng(5)
+    m = np.zeros(SHAPE, bool)
+    m[10, 5, 6] = True
+    cases, out = tmp_path / "cases", tmp_path / "pred"
+    make_case(cases, "sliver", rng, mask=m)
+    rc, _, err = run_cli(capsys, "--checkpoint", random_run(tmp_path), "--brats", cases, "--out", out,
+                         "--no-progress", "--device", "cpu")
+    assert rc == 0, err
+    assert nib.load(str(out / "sliver-t1n-inference.nii.gz")).get_fdata()[m][0] > 0
+
+
 def edge_taper_of(m):
     from imggen.volumes import edge_taper
 
