@@ -5,13 +5,12 @@ Layout of a run directory:
     RUN/checkpoints/step_000200/        model.safetensors, config.json, state.pt, manifest.json
     RUN/checkpoints/LATEST              name of the newest complete checkpoint (replaced atomically)
 
-A checkpoint directory is written under a temporary name and renamed when complete; LATEST is
-replaced only afterwards, so a process killed while saving leaves the previous checkpoint loadable.
-manifest.json records each file's size and sha256; reading checks them. LATEST is a hint: when it
-is missing, names a removed folder or a corrupt checkpoint, the newest step_* folder that verifies
-is used instead (one warning line on stderr names what was skipped). Checkpoints written before
-manifests existed are checked as far as their files allow (safetensors header, config JSON,
-state.pt zip CRCs).
+A checkpoint folder is written under a temporary name and renamed when complete, then LATEST is
+replaced: a kill while saving leaves the previous one loadable, and a reader (no lock) sees whole
+checkpoints only (load_model resolves again if the run's cleanup removed the one it found).
+manifest.json records each file's size and sha256; reading checks them (older checkpoints: as far as
+their files allow). LATEST is a hint: missing, naming a removed or corrupt folder, the newest step_*
+that verifies is used (one warning line on stderr names what was skipped).
 """
 from __future__ import annotations
 
@@ -238,13 +237,10 @@ ACCEPTS = ("a run directory written by train.py (e.g. runs/demo), its checkpoint
 
 
 def resolve(path) -> str:
-    """A run dir, its `checkpoints` folder or `checkpoints/LATEST` file, a checkpoint dir or the
-    model.safetensors (or config.json) file in one -> an intact checkpoint directory.
-
-    A run dir (or its checkpoints folder / LATEST) gives its newest intact checkpoint, LATEST first
-    (`find_checkpoint`); a checkpoint dir named directly must itself verify. Anything else is a
-    CheckpointError naming the path given and what is accepted.
-    """
+    """A run dir, its `checkpoints` folder or LATEST file, a checkpoint dir or a file in one (its
+    model.safetensors, config.json) -> an intact checkpoint dir: a run's newest (LATEST first,
+    `find_checkpoint`); a checkpoint dir named directly must verify. Anything else is a CheckpointError
+    naming the path given and what is accepted."""
     if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
         raise CheckpointError(f"checkpoint path must be a str or os.PathLike, got {path!r} "
                               f"({type(path).__name__}); pass {ACCEPTS}")
@@ -390,11 +386,15 @@ def load_model(path, device: str | torch.device = "cpu", backend: str | None = N
     checkpoint dir or its model.safetensors (`resolve`); anything else is a CheckpointError."""
     from imggen.model import ImageTransformer
 
-    ckpt = resolve(path)
-    cfg = read_config(ckpt)
-    if backend is not None:
-        cfg.model.backend = backend
-    check_fits(ckpt, cfg)
-    model = ImageTransformer(cfg.model)
-    load_weights(model, ckpt)
-    return model.to(device).eval()
+    for again in (True, True, False):  # a run's cleanup (keep=2) may remove the checkpoint just resolved
+        ckpt = resolve(path)
+        try:
+            cfg = read_config(ckpt)
+            cfg.model.backend = backend or cfg.model.backend
+            check_fits(ckpt, cfg)
+            model = ImageTransformer(cfg.model)
+            load_weights(model, ckpt)
+            return model.to(device).eval()
+        except CheckpointError:
+            if not again:
+                raise

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -161,6 +162,39 @@ def test_kill_9_at_random_moments_loses_only_the_steps_since_the_last_checkpoint
 
 
 # ----------------------------------------------------------------------------- storage failures
+def test_a_reader_during_saves_always_loads_a_whole_checkpoint(tmp_path, monkeypatch):
+    """sample.py, eval and --brats take no lock: while a run saves every 5 steps (keeping 2; several
+    saves a second here), load_model on its folder, over and over, gets a whole checkpoint every
+    time, also when the run's cleanup removes the one it resolved (forced once below). A reader
+    slower than two save intervals, three times in a row, would still lose the race."""
+    run = str(tmp_path / "run")
+    proc = subprocess.Popen([sys.executable, "train.py", *SMALL, "--steps", "100000", "--train.ckpt_every", "5",
+                             "--out", run], cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and (not os.path.isdir(os.path.join(run, "checkpoints"))
+                                          or ck.find_checkpoint(run) is None):
+            time.sleep(0.05)
+        seen, end = set(), time.time() + 90
+        while time.time() < end and len(seen) < 4:
+            seen.add(ck.step_of(ck.resolve(run)))
+            assert imggen.load_model(run) is not None  # never a CheckpointError, never a half-written folder
+        assert len(seen) >= 3, seen  # the run saved while we read
+        real, removed = ck.resolve, []
+
+        def resolve_then_lose(path):  # the cleanup wins the race once: the resolved folder vanishes
+            found = real(path)
+            if not removed:
+                removed.append(found)
+                shutil.rmtree(found)
+            return found
+        monkeypatch.setattr(ck, "resolve", resolve_then_lose)
+        assert imggen.load_model(run) is not None and removed
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+
+
 def _enospc(*_, **__):
     raise OSError(errno.ENOSPC, "No space left on device")
 
