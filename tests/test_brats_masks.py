@@ -68,7 +68,8 @@ def test_demo_masks_are_sections_of_3d_blobs_in_the_brain():
     s2 = load_dataset("brats-demo", height=32, width=32, channels=1, seed=0)
     assert np.array_equal(s.masks["test"], s2.masks["test"])  # fixed test masks
     x, m = s.test[:, 0], s.masks["test"][:, 0]
-    assert m.any((1, 2)).all() and (x[m] > 0).mean() > 0.97
+    # nearly every test slice has a hole (a blob's thin cap can vanish at 32 px: eval draws a random one there)
+    assert m.any((1, 2)).mean() > 0.98 and (x[m] > 0).mean() > 0.97
     frac = m.sum((1, 2)) / np.maximum((x > 0).sum((1, 2)), 1)
     assert frac.max() > 0.1  # big, tumour-sized holes, not the old small ellipses
     old = load_dataset("brats-demo:masks=ellipses", height=32, width=32, channels=1, seed=0)
@@ -85,7 +86,7 @@ def test_demo_split_keeps_10_slices_between_training_and_evaluation(seed):
     for split in ("val", "test"):
         held = np.array(sorted(set(s.meta["slice"][split])))
         assert len(held) and np.abs(train[:, None] - held[None]).min() >= 10
-    assert len(train) >= 80
+    assert len(train) == 54  # the zones (val 45-60, test 61-108) leave 13-35 and 118-148, whatever the seed
 
 
 def test_seg_cases_get_a_placed_tumour_compartment_and_a_voided_tumour(tmp_path):
