@@ -147,19 +147,15 @@ def cli_fill(run: str, cases_dir: Path, pred: Path, samples: int) -> list[float]
 
 
 def python_fill(model, cases_dir: Path, pred: Path, samples: int, **kw) -> list[float]:
-    from imggen.volumes import OUT_SUFFIX, fill_volume, find_cases, read_case
+    """imggen.volumes.inpaint_case of every case with fill_volume options `kw`; seconds per case."""
+    from imggen.volumes import find_cases, inpaint_case
 
     pred.mkdir(parents=True, exist_ok=True)
     secs = []
     for case in find_cases(cases_dir):
-        vol, mask = read_case(case)
         t = time.perf_counter()
-        fill, _ = fill_volume(model, vol.to_ras(vol.values), vol.to_ras(mask), samples=samples,
-                              reduce="mean", spacing=vol.spacing_ras(), **kw)
+        inpaint_case(model, case, pred, progress=False, samples=samples, reduce="mean", **kw)
         secs.append(time.perf_counter() - t)
-        raw = vol.raw.copy()
-        raw[mask] = vol.to_raw(vol.from_ras(fill)[mask])
-        vol.write(raw, pred / f"{case.name}{OUT_SUFFIX}")
     return secs
 
 

@@ -362,14 +362,10 @@ def honest_split(patient: np.ndarray, z: np.ndarray, seed: int = 0, gap: int = D
     training gets every other slice at least `gap` slices (mm) from both, so no evaluation slice,
     and no native-resolution test hole (bench/brats_native.py), has a training slice within
     `gap` mm. `seed` is kept for the loaders' signature: the zones do not move with it."""
-    out = {}
-    for name, (lo, hi) in (("val", DEMO_VAL_Z), ("test", DEMO_TEST_Z)):
-        slabs = np.unique(patient[(z >= lo) & (z <= hi)])
-        out[name] = np.flatnonzero(np.isin(patient, slabs))
-    held = z[np.concatenate([out["val"], out["test"]])]
-    far = np.abs(z[:, None] - held[None]).min(1) >= gap
-    out["train"] = np.flatnonzero(far)
-    return {"train": out["train"], "val": out["val"], "test": out["test"]}
+    held = {name: np.flatnonzero(np.isin(patient, np.unique(patient[(z >= lo) & (z <= hi)])))
+            for name, (lo, hi) in (("val", DEMO_VAL_Z), ("test", DEMO_TEST_Z))}
+    far = np.abs(z[:, None] - z[np.concatenate(list(held.values()))][None]).min(1) >= gap
+    return {"train": np.flatnonzero(far), **held}
 
 
 def demo_split_fills(variants, bank, blob, splits, zs, height, width, channels) -> dict[str, np.ndarray]:
@@ -453,7 +449,8 @@ def load_demo(*, height: int, width: int, channels: int = 1, seed: int = 0, mask
                     vmasks[v][i] = m[:, ::-1] if v == "flip" else m  # flipped with its image: stays in the brain
     out, masks_out, meta = {}, {}, {"case": {}, "slice": {}, "variant": {}}
     nbrs, nbr_masks, fills = {}, {}, {}
-    for s, sel in honest_split(patient, zs, seed).items():
+    splits = honest_split(patient, zs, seed)
+    for s, sel in splits.items():
         x = np.concatenate([variants[v][sel] for v in DEMO_VARIANTS]) if len(sel) else np.zeros((0, height, width))
         m = np.concatenate([vmasks[v][sel] for v in DEMO_VARIANTS]) if len(sel) else np.zeros((0, height, width), bool)
         x = np.clip(np.round(x), 0, 255).astype(np.uint8)[:, None]
@@ -471,7 +468,7 @@ def load_demo(*, height: int, width: int, channels: int = 1, seed: int = 0, mask
                 for v in DEMO_VARIANTS for i in sel]) if len(sel) else np.zeros((0, 2 * context_slices + 1,
                                                                                     height, width), bool)
     if fills3d and masks == "challenge":  # each hole's 3-D classic fill on its split's slices (cached)
-        fills = demo_split_fills(variants, bank, blob, honest_split(patient, zs, seed), zs, height, width, channels)
+        fills = demo_split_fills(variants, bank, blob, splits, zs, height, width, channels)
     source = "challenge-like 3-D blob sections" if masks == "challenge" else "small random ellipses"
     return ImageSplits(**out, masks=masks_out, meta=meta, neighbours=nbrs, neighbour_masks=nbr_masks, fills=fills,
                        info={"source": f"MNI152 ICBM 2009a symmetric T1 template (nilearn), {source} as masks",

@@ -72,12 +72,13 @@ def classic_fill(images: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
 
 
 def _channels(images: torch.Tensor, masks: torch.Tensor, fill: str = "none", fills=None) -> torch.Tensor:
-    known = (images.float() / 127.5 - 1.0).masked_fill(masks[:, None], 0.0)
+    scaled = images.float() / 127.5 - 1.0
+    known = scaled.masked_fill(masks[:, None], 0.0)
     extra = []
     if fill != "none" and fills is not None:  # given classic fills of the holes (a volume's 3-D fill)
         given = torch.as_tensor(fills).float().reshape(images.shape)
         missing = torch.isnan(given).flatten(1).any(1)  # an image without one: its 2-D fill
-        classic = torch.where(masks[:, None], given.clamp(0, 255) / 127.5 - 1.0, images.float() / 127.5 - 1.0)
+        classic = torch.where(masks[:, None], given.clamp(0, 255) / 127.5 - 1.0, scaled)
         if missing.any():
             classic[missing] = classic_fill(images[missing], masks[missing])
         extra = [classic]

@@ -262,9 +262,10 @@ def fill_volume(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples:
         ins = [at(k) for k in chunk]
         chunk_seed = int(np.random.SeedSequence([seed, chunk[0]]).generate_state(1, np.uint32)[0])
         images, masks = torch.from_numpy(np.stack([a for a, _ in ins])), torch.from_numpy(np.stack([m for _, m in ins]))
+        lows = {k: low_base(k) for k in chunk} if base is not None else {}
         fills = None
         if channel == "volume":
-            fills = torch.from_numpy(np.stack([np.repeat(low_base(k)[None], cfg.channels, 0) for k in chunk]))
+            fills = torch.from_numpy(np.stack([np.repeat(lows[k][None], cfg.channels, 0) for k in chunk]))
         context = None
         if s:  # 2.5-D: the voided slices k-s..k+s with their holes; one outside the volume is zero, all unknown
             z = mask_ras.shape[2]
@@ -280,7 +281,7 @@ def fill_volume(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples:
         filled = filled.float().mean(2).numpy()  # (B, K, H, W): channels of a replicated slice averaged
         for k, draws, (_, unknown) in zip(chunk, filled, ins):
             if method == "correct":  # the draws' difference to the 3-D fill, where the model filled
-                draws = np.where(unknown, draws - low_base(k), 0.0)
+                draws = np.where(unknown, draws - lows[k], 0.0)
             up = np.stack([image_to_ras_slice(d, (x, y)) for d in draws]).astype(np.float64)
             if method == "correct":
                 up = base[:, :, k] + taper[:, :, k] * up

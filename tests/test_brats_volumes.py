@@ -11,7 +11,7 @@ from imggen.checkpoint import save_checkpoint
 from imggen.cli import sample_main
 from imggen.config import Config, ModelConfig, TrainConfig
 from imggen.model import ImageTransformer
-from imggen.volumes import Volume
+from imggen.volumes import Volume, edge_taper
 
 torch.set_num_threads(1)
 SHAPE = (24, 20, 12)
@@ -160,7 +160,7 @@ def test_the_fill_joins_the_tissue_without_a_seam(tmp_path, capsys, kind):
             edge = m & nb_known
             jumps.append(np.abs(pred - np.roll(pred, d, ax))[edge].max())
     assert max(jumps) <= step + 1e-3 * max(step, 1.0)
-    inside = m & (edge_taper_of(m) > 0)
+    inside = m & (edge_taper(m) > 0)
     assert np.abs(pred[inside] - vol[inside]).max() > step  # the random model does correct inside: not a no-op
 
 
@@ -176,12 +176,6 @@ def test_a_sliver_of_hole_smaller_than_half_a_model_pixel_is_filled(tmp_path, ca
                          "--no-progress", "--device", "cpu")
     assert rc == 0, err
     assert nib.load(str(out / "sliver-t1n-inference.nii.gz")).get_fdata()[m][0] > 0
-
-
-def edge_taper_of(m):
-    from imggen.volumes import edge_taper
-
-    return edge_taper(m)
 
 
 def test_bad_cases_are_one_line_each_and_the_others_go_on(tmp_path, capsys):
@@ -229,8 +223,6 @@ def test_uncertainty_volume(tmp_path, capsys, k):
     if k == 1:
         assert (s == 0).all()
     else:  # a random model's draws disagree, where its correction has weight (imggen.volumes.edge_taper)
-        from imggen.volumes import edge_taper
-
         inner = edge_taper(m) > 0
         assert inner.any() and (s[inner] > 0).mean() > 0.5 and (s >= 0).all()
 
