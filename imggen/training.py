@@ -231,11 +231,12 @@ def evaluate(run: Run, split: str, limit: int | None = None) -> float:
 
     cfg = run.cfg
     tokens = run.splits[split][:limit]
-    masks = neighbours = None
+    masks = neighbours = fills = None
     if cfg.train.task == "inpaint":
         masks, neighbours = split_masks(cfg, run.splits, split, len(tokens))
+        fills = split_fills(run.splits, split, np.arange(len(tokens)), masks)
     return float(token_bits_per_dim(run.model, tokens, cfg.train.batch_size, masks=masks, neighbours=neighbours,
-                                    fills=split_fills(run.splits, split, np.arange(len(tokens)), masks)).mean())
+                                    fills=fills).mean())
 
 
 def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, device: str | None = None,
