@@ -62,14 +62,20 @@ def per_image_bits_per_dim(model, images, batch_size: int = 16, progress: bool =
 
 @torch.no_grad()
 def token_bits_per_dim(model, tokens: torch.Tensor, batch_size: int = 16, masks=None,
-                       progress: bool = False, neighbours=None, fills=None) -> np.ndarray:
+                       progress: bool = False, neighbours=None, fills=None, inputs=None) -> np.ndarray:
     """float64 (B,) bits/dim of each token sequence (B, N) (uint8 or long) under `model`; the one
     place bits/dim is computed (training's validation and test figures call it too). With pixel
     masks (B, H, W) (True = unknown), an inpainting model's bits/dim of the unknown subpixels given
     the known ones (its context); a 2.5-D context model takes masks (B, 2s+1, H, W) and `neighbours`,
     the slices around each image (imggen.tasks.split_masks); `fills`, the holes' given classic fills
-    (imggen.tasks.split_fills)."""
+    (imggen.tasks.split_fills). Or, for any task, `inputs` (imggen.tasks.Task.eval_inputs): a function
+    (tokens (b, N), rows: a slice of the sequences) -> (context, token weights), None = all tokens."""
     from imggen.tasks import inpaint_inputs
+
+    if masks is not None:
+        def inputs(x, rows):
+            return inpaint_inputs(model, x, masks[rows], None if neighbours is None else neighbours[rows],
+                                  None if fills is None else fills[rows])
 
     cfg = model.config
     if batch_size < 1:
@@ -82,9 +88,7 @@ def token_bits_per_dim(model, tokens: torch.Tensor, batch_size: int = 16, masks=
         for i in tqdm(range(0, len(tokens), batch_size), desc="bits/dim", unit="batch", disable=not progress,
                       leave=False):
             x = tokens[i: i + batch_size].long().to(device)
-            context, weight = (None, None) if masks is None else inpaint_inputs(
-                model, x, masks[i: i + batch_size], None if neighbours is None else neighbours[i: i + batch_size],
-                None if fills is None else fills[i: i + batch_size])
+            context, weight = (None, None) if inputs is None else inputs(x, slice(i, i + batch_size))
             logits = (model(x) if context is None else model(x, context=context)).float()
             if logits.shape != (*x.shape, cfg.vocab):
                 raise ShapeError(f"model returned logits of shape {tuple(logits.shape)}, expected "

@@ -7,7 +7,6 @@ import torch
 
 from imggen.config import Config
 from imggen.errors import ConfigError
-from imggen.tasks import token_mask
 from imggen.tokens import tokenize
 
 
@@ -66,8 +65,3 @@ def unigram_bpd(tokens: torch.Tensor, vocab: int) -> float:
     p = counts[counts > 0] / counts.sum()
     return float(-(p * p.log2()).sum())
 
-
-def ddp_mask_norm(masks, channels: int, world: int) -> float:
-    """train_step's divisor for this step under DDP: the token loss mask count of the global batch's
-    pixel masks (B, H, W), over the number of processes (DDP averages their gradients)."""
-    return float(token_mask(torch.as_tensor(masks).bool(), channels).sum()) / world

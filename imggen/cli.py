@@ -159,10 +159,7 @@ def config_from_args(argv=None) -> tuple[Config, argparse.Namespace]:
     cfg.data.skip_bad = cfg.data.skip_bad or args.skip_bad
     if args.task:
         cfg.train.task = args.task
-        if args.task == "inpaint" and cfg.model.context == "none":
-            cfg.model.context = "unet"
-        if args.task == "generate":
-            cfg.model.context = "none"
+        TASKS[args.task].configure(cfg)
     if len(rest) % 2:
         ap.error(f"unrecognized or incomplete arguments: {' '.join(rest)}")
     for flag, value in zip(rest[::2], rest[1::2]):

@@ -188,10 +188,7 @@ class Config:
         self.model.validate()
         self.train.validate()
         self.data.validate()
-        if (self.train.task == "inpaint") != (self.model.context != "none"):
-            raise ConfigError(f"train.task {self.train.task!r} with model.context {self.model.context!r}: inpainting "
-                              f"trains a context model (--task inpaint sets model.context unet), generation a "
-                              f"model without one")
+        TASKS[self.train.task].check(self)
         if self.model.context_slices and self.data.spec.partition(":")[0] not in ("brats", "brats-demo"):
             raise ConfigError(f"model.context_slices {self.model.context_slices} (a 2.5-D context of neighbouring "
                               f"slices) needs volume data: --data brats:DIR or brats-demo, got {self.data.spec!r}")

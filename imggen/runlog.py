@@ -7,11 +7,8 @@ import math
 import os
 import signal
 
-import numpy as np
-import torch
-
 from imggen.storage import atomic_write_text, writing
-from imggen.tasks import split_fills, split_masks
+from imggen.tasks import TASKS
 
 GRID_MIN_S = 5.0  # the end-of-run grid may always take this long
 
@@ -122,27 +119,19 @@ def final_grid(run, train_s: float) -> str:
 
 
 def sample_grid(run, num: int) -> str:
-    """`num` samples (inpainting: test images | voided | filled, a row each) -> samples.png."""
+    """`num` samples, or where the run's task gives images to fill (inpainting), test images | voided |
+    filled, a row each -> samples.png."""
     from imggen.eval.runners import triplets
     from imggen.images import image_scale, save_grid
     from imggen.sampling import detokenize, inpaint_images, sample
-    from imggen.tokens import detokenize_tokens
 
     cfg, model = run.cfg, run.model
     model.eval()
-    if cfg.train.task == "inpaint":
-        m = cfg.model
-        test = run.splits["test"][:num]
-        masks, stack = split_masks(cfg, run.splits, "test", len(test))
-        images = detokenize_tokens(test.long(), m.bits, m.shape)
-        fills = split_fills(run.splits, "test", np.arange(len(test)), masks)
-        context = None  # made by inpaint_images, unless a 2.5-D model's neighbours or 3-D fills are given
-        if stack is not None or fills is not None:
-            context = model.make_context(images if stack is None else stack, masks, fills)
-        masks = masks[:, m.context_slices] if m.context_slices else masks
-        filled, _ = inpaint_images(model, images, torch.from_numpy(masks), seed=cfg.train.seed,
-                                  progress=run.progress, context=context)
-        imgs, nrow = triplets(images.numpy(), masks[:, None], filled[:, 0].numpy()), 3
+    given = TASKS[cfg.train.task].grid_inputs(cfg, model, run.splits, num)
+    if given is not None:
+        images, masks, context = given
+        filled, _ = inpaint_images(model, images, masks, seed=cfg.train.seed, progress=run.progress, context=context)
+        imgs, nrow = triplets(images.numpy(), masks.numpy()[:, None], filled[:, 0].numpy()), 3
     else:
         imgs, nrow = detokenize(model, sample(model, num, seed=cfg.train.seed, progress=run.progress)).numpy(), None
     model.train()

@@ -16,9 +16,114 @@ import numpy as np
 import torch
 
 from imggen.context import random_masks
+from imggen.errors import ConfigError
 
-TASKS = ("generate", "inpaint")
 DATA_MASK_FRACTION = 0.5
+
+
+class Task:
+    """What a run learns: the training loop, its evaluation and its sample grid ask the run's task
+    (`TASKS[cfg.train.task]`) and never branch on its name. A new task is a subclass added with
+    `register_task` (tests/test_training.py adds one in the test file alone)."""
+    name = ""
+
+    def check(self, cfg) -> None:
+        """Raise ConfigError when cfg cannot learn this task (Config.validate asks)."""
+
+    def configure(self, cfg) -> None:
+        """`--task NAME`: set what the task needs in cfg (before the command line's overrides)."""
+
+    def batch(self, cfg, model, splits: dict, x: torch.Tensor, idx: np.ndarray, step: int, part: slice,
+              world: int, augment=None) -> tuple:
+        """This process's share of training step `step`: (tokens, context, token loss mask, loss divisor),
+        None for the last three = every token, no context. x: the tokens of splits["train"][idx[part]]
+        (idx: the global batch); `augment(x, masks, stack, fills)` (imggen.augment.augment_tokens, None
+        when train.augment is off) warps the tokens and the pixel-aligned inputs that go with them."""
+        return (x if augment is None else augment(x)[0]), None, None, None
+
+    def eval_inputs(self, cfg, model, splits: dict, split: str, n: int):
+        """How the first n images of a split are scored, the same at every evaluation: None (every token,
+        no context) or a function (tokens (b, N), rows: slice of the n) -> (context, token weights)
+        (imggen.eval.bpd.token_bits_per_dim)."""
+        return None
+
+    def grid_inputs(self, cfg, model, splits: dict, num: int):
+        """None (the sample grid shows unconditional samples), or (images uint8 (num, C, H, W), masks
+        (num, H, W) True = unknown, context or None): the grid shows image | voided | filled rows."""
+        return None
+
+
+class Generate(Task):
+    """Every token, unconditionally (no context)."""
+    name = "generate"
+
+    def check(self, cfg) -> None:
+        if cfg.model.context != "none":
+            raise ConfigError(f"train.task generate with model.context {cfg.model.context!r}: generation trains a "
+                              f"model without a context (--task generate sets model.context none)")
+
+    def configure(self, cfg) -> None:
+        cfg.model.context = "none"
+
+
+class Inpaint(Task):
+    """The unknown pixels of a voided image, seen through the model's context (masks below)."""
+    name = "inpaint"
+
+    def check(self, cfg) -> None:
+        if cfg.model.context == "none":
+            raise ConfigError("train.task inpaint with model.context 'none': inpainting trains a context model "
+                              "(--task inpaint sets model.context unet)")
+
+    def configure(self, cfg) -> None:
+        if cfg.model.context == "none":
+            cfg.model.context = "unet"
+
+    def batch(self, cfg, model, splits, x, idx, step, part, world, augment=None):
+        m = cfg.model  # masks drawn for the global batch, so DDP sees what one process would
+        masks, stack = split_masks(cfg, splits, "train", len(idx), step, idx)
+        stack = None if stack is None else stack[part]
+        fills = split_fills(splits, "train", idx, masks)
+        fills = None if fills is None else fills[part]
+        if augment is not None:
+            x, masks, stack, fills = augment(x, masks, stack, fills)
+        context, loss_mask = inpaint_inputs(model, x, masks[part], stack, fills)
+        mid = masks[:, m.context_slices] if m.context_slices else masks  # the slices being filled
+        return x, context, loss_mask, ddp_mask_norm(mid, m.channels, world)
+
+    def eval_inputs(self, cfg, model, splits, split, n):
+        masks, neighbours = split_masks(cfg, splits, split, n)
+        fills = split_fills(splits, split, np.arange(n), masks)
+        return lambda x, rows: inpaint_inputs(model, x, masks[rows], None if neighbours is None else neighbours[rows],
+                                              None if fills is None else fills[rows])
+
+    def grid_inputs(self, cfg, model, splits, num):
+        from imggen.tokens import detokenize_tokens
+
+        m = cfg.model
+        test = splits["test"][:num]
+        masks, stack = split_masks(cfg, splits, "test", len(test))
+        images = detokenize_tokens(test.long(), m.bits, m.shape)
+        fills = split_fills(splits, "test", np.arange(len(test)), masks)
+        context = None  # made by the sampler, unless a 2.5-D model's neighbours or 3-D fills are given
+        if stack is not None or fills is not None:
+            context = model.make_context(images if stack is None else stack, masks, fills)
+        return images, torch.from_numpy(masks[:, m.context_slices] if m.context_slices else masks), context
+
+
+TASKS: dict[str, Task] = {}
+
+
+def register_task(task: Task) -> Task:
+    """Make `task` available as train.task / --task task.name."""
+    if not isinstance(task, Task) or not task.name:
+        raise ConfigError(f"a task is an imggen.tasks.Task with a name, got {task!r}")
+    TASKS[task.name] = task
+    return task
+
+
+register_task(Generate())
+register_task(Inpaint())
 
 
 def token_mask(masks: torch.Tensor, channels: int) -> torch.Tensor:
@@ -141,3 +246,9 @@ def inpaint_inputs(model, tokens: torch.Tensor, masks, neighbours=None, fills=No
         return (model.make_context(stack, masks, fills),
                 token_mask(masks[:, cfg.context_slices], cfg.channels).to(tokens.device))
     return model.make_context(images, masks, fills), token_mask(masks, cfg.channels).to(tokens.device)
+
+
+def ddp_mask_norm(masks, channels: int, world: int) -> float:
+    """train_step's divisor for this step under DDP: the token loss mask count of the global batch's
+    pixel masks (B, H, W), over the number of processes (DDP averages their gradients)."""
+    return float(token_mask(torch.as_tensor(masks).bool(), channels).sum()) / world

@@ -26,11 +26,11 @@ from imggen.config import Config
 from imggen.errors import CheckpointError, ConfigError, Interrupted, StorageError, TrainingError, WorkerLost
 from imggen.model import ImageTransformer
 from imggen.precision import autocast, describe, resolve
-from imggen.batches import batch_indices, ddp_mask_norm, load_data, unigram_bpd
+from imggen.batches import batch_indices, load_data, unigram_bpd
 from imggen.runlock import RunLock
 from imggen.storage import atomic_write_text
 from imggen.runlog import Logger, StopSignal, final_grid, final_metrics, sample_grid
-from imggen.tasks import inpaint_inputs, split_fills, split_masks
+from imggen.tasks import TASKS
 
 LN2 = math.log(2.0)
 
@@ -64,7 +64,7 @@ def train_step(model, opt, x: torch.Tensor, step: int, cfg: Config, device, loss
     returns the loss in bits/dim (TrainingError if the loss or the gradient norm is not finite).
 
     The masked loss is the sum of the masked NLL over `mask_norm`: by default this batch's mask count
-    (its mean). Under DDP, which averages the processes' gradients, pass `ddp_mask_norm(...)` of the
+    (its mean). Under DDP, which averages the processes' gradients, pass `imggen.tasks.ddp_mask_norm(...)` of the
     global batch (its mask count / the number of processes): the gradient is then that of the global
     batch's mean, as one process would compute it, whatever each process's own share of the mask;
     the returned values, averaged over the processes, are the global batch's loss."""
@@ -226,17 +226,14 @@ def save(run: Run) -> None:
 
 
 def evaluate(run: Run, split: str, limit: int | None = None) -> float:
-    """Bits/dim of a split (inpainting: of the unknown pixels under the split's fixed masks)."""
+    """Bits/dim of a split, scored as the run's task says (inpainting: the unknown pixels under the
+    split's fixed masks)."""
     from imggen.eval.bpd import token_bits_per_dim
 
     cfg = run.cfg
     tokens = run.splits[split][:limit]
-    masks = neighbours = fills = None
-    if cfg.train.task == "inpaint":
-        masks, neighbours = split_masks(cfg, run.splits, split, len(tokens))
-        fills = split_fills(run.splits, split, np.arange(len(tokens)), masks)
-    return float(token_bits_per_dim(run.model, tokens, cfg.train.batch_size, masks=masks, neighbours=neighbours,
-                                    fills=fills).mean())
+    inputs = TASKS[cfg.train.task].eval_inputs(cfg, run.model, run.splits, split, len(tokens))
+    return float(token_bits_per_dim(run.model, tokens, cfg.train.batch_size, inputs=inputs).mean())
 
 
 def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, device: str | None = None,
@@ -344,25 +341,21 @@ def _stopped(run: Run) -> str:
 
 
 def next_batch(run: Run):
-    """This process's part of the step's global batch: tokens, and for inpainting the context, the
-    token loss mask and the loss divisor (masks drawn for the global batch, so DDP sees what one
-    process would; every process knows the global mask count without communicating)."""
+    """This process's part of the step's global batch, as the run's task makes it: tokens, and (None
+    when the task scores every token) the context, the token loss mask and the loss divisor."""
     t, m = run.cfg.train, run.cfg.model
     idx = batch_indices(run.step, t.batch_size, len(run.splits["train"]), t.seed)
     part = slice(run.rank, None, run.world)
     x = run.splits["train"][idx[part]].long().to(run.device)
     rng = np.random.default_rng([t.seed, run.step, 3])  # train.augment's warps: (seed, step) as the masks
-    if t.task != "inpaint":
-        return (augment_tokens(x, None, rng, m, part, batch=t.batch_size)[0] if t.augment else x), None, None, None
-    masks, stack = split_masks(run.cfg, run.splits, "train", t.batch_size, run.step, idx.numpy())
-    stack = None if stack is None else stack[part]
-    fills = split_fills(run.splits, "train", idx.numpy(), masks)
-    fills = None if fills is None else fills[part]
-    if t.augment:
-        x, masks, stack, fills = augment_tokens(x, masks, rng, m, part, stack, fills=fills)
-    context, loss_mask = inpaint_inputs(run.model, x, masks[part], stack, fills)
-    mid = masks[:, m.context_slices] if m.context_slices else masks  # the slices being filled
-    return x, context, loss_mask, ddp_mask_norm(mid, m.channels, run.world)
+
+    def augment(x, masks=None, stack=None, fills=None):
+        if masks is None:
+            return augment_tokens(x, None, rng, m, part, batch=t.batch_size)
+        return augment_tokens(x, masks, rng, m, part, stack, fills=fills)
+
+    return TASKS[t.task].batch(run.cfg, run.model, run.splits, x, idx.numpy(), run.step, part, run.world,
+                               augment if t.augment else None)
 
 
 def _sync_step(run: Run, stop: StopSignal, bpd: float) -> tuple[bool, float]:
