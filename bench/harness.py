@@ -1,10 +1,12 @@
 """What every bench/ script needs and none of them is about: timing, markdown tables, the machine a
 run ran on, and writing results (JSON + markdown) atomically under $OUT or a given folder.
 
-Import it as the scripts import gpu_smoke: with bench/ on sys.path,
+Import it with bench/ on sys.path,
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # in a script under bench/
     from harness import md_table, median_time, write_results
+
+(the GPU check's scripts under bench/gpu/ put both bench/gpu/ and bench/ on sys.path).
 
 It imports torch only inside the functions that need it (a driver whose measurements run in child
 processes, e.g. presets.py, stays light), and nothing of imggen.

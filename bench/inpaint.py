@@ -9,8 +9,8 @@ from every training slice) and variant, stacked in z order; the hole of each vol
 data's seeded challenge-like 3-D blobs (`demo_mask_bank`: 1-15% of the brain) that meets every slice
 of the slab, cut to it, so the hole is one coherent 3-D region as in the challenge (`test_volumes`).
 
-Methods: biharmonic slice by slice (2-D) and on the whole volume at once (3-D, skimage's
-inpaint_biharmonic is n-D); the regression-only encoder (imggen.regress: the challenge winners'
+Methods: biharmonic slice by slice (2-D) and on the whole volume at once (3-D; both imggen.classic,
+skimage's equations); the regression-only encoder (imggen.regress: the challenge winners'
 recipe); the context model, one sample and the per-pixel mean of K draws (the same K draws: the
 1-sample time is their time / K); optionally the unconditional model, best of R by likelihood, and
 a 2.5-D context model (`--context25`, model.context_slices = s: each slice also sees the voided slices
@@ -75,30 +75,22 @@ def test_volumes(data, bank: list[np.ndarray], bank_z: np.ndarray, split: str = 
 
 
 # ----------------------------------------------------------------------------------------- methods
-def biharmonic(images: np.ndarray, masks: np.ndarray) -> np.ndarray:
-    """Slice by slice: uint8 (B, C, H, W), bool (B, H, W) -> uint8 (B, C, H, W)."""
-    from skimage.restoration import inpaint_biharmonic
+def biharmonic(images: np.ndarray, masks: np.ndarray, three_d: bool = False) -> np.ndarray:
+    """Slice by slice (imggen.classic): uint8 (B, C, H, W), bool (B, H, W) -> uint8 (B, C, H, W);
+    `three_d`: the slices as one volume (biharmonic_3d)."""
+    from imggen.classic import biharmonic as fill, biharmonic_slices
 
-    out = images.copy()
-    for i, (img, m) in enumerate(zip(images, masks)):
-        if not m.any():
-            continue
-        f = inpaint_biharmonic(img.transpose(1, 2, 0).astype(np.float64) / 255.0, m, channel_axis=-1)
-        out[i] = np.clip(np.round(f.transpose(2, 0, 1) * 255.0), 0, 255).astype(np.uint8)
-        out[i][:, ~m] = img[:, ~m]
+    vol = np.moveaxis(images, 1, -1) / 255.0  # (Z, H, W, C)
+    f = fill(vol, masks) if three_d else biharmonic_slices(vol, masks, axis=0)
+    out = np.clip(np.round(np.moveaxis(f, -1, 1) * 255.0), 0, 255).astype(np.uint8)
+    keep = np.broadcast_to(~masks[:, None], images.shape)
+    out[keep] = images[keep]
     return out
 
 
 def biharmonic_3d(images: np.ndarray, masks: np.ndarray) -> np.ndarray:
     """The whole volume at once (voxel grid taken as isotropic): uint8 (Z, C, H, W), bool (Z, H, W)."""
-    from skimage.restoration import inpaint_biharmonic
-
-    vol = np.moveaxis(images, 1, -1).astype(np.float64) / 255.0  # (Z, H, W, C)
-    f = inpaint_biharmonic(vol, masks, channel_axis=-1)
-    out = np.clip(np.round(np.moveaxis(f, -1, 1) * 255.0), 0, 255).astype(np.uint8)
-    keep = np.broadcast_to(~masks[:, None], images.shape)
-    out[keep] = images[keep]
-    return out
+    return biharmonic(images, masks, three_d=True)
 
 
 def point_fills(x: np.ndarray, has: np.ndarray, draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -6,20 +6,18 @@ not the 2-D fill of the slice alone. For the shipped template slices this is `de
 variant and per 3-D blob of the mask bank, the blob's sections on one contiguous block of a split's
 slices are filled at once (spacing: the pixel size in-plane, 1 mm between slices), so a training
 slice's fill reads training slices only, and a test slice's the test zone only. The fills take
-a minute or more at 64 x 64, so `cached` keeps them under the render cache folder
-(imggen.datasets.lazy.cache_root), keyed by everything they depend on; a damaged file is computed
-again with one note.
+a minute or more at 64 x 64, so `cached` keeps them under the cache folder (imggen.storage:
+cache_root, cached_npz), keyed by everything they depend on; a damaged file is computed again with
+one note.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import sys
 
 import numpy as np
 
-VERSION = 1  # of the fills' recipe: part of the cache key
+VERSION = 2  # of the fills' recipe: part of the cache key (2: imggen.classic as skimage at the array's edges)
 
 
 def blocks(z: np.ndarray) -> list[np.ndarray]:
@@ -54,23 +52,7 @@ def demo_fills(variants: dict, sections, blob: dict, sel: np.ndarray, z: np.ndar
 
 def cached(key: dict, compute) -> dict:
     """compute() -> {split: uint8 array}, kept in <cache>/brats-demo-fills-<sha of key>.npz."""
-    from imggen.datasets.lazy import cache_root
+    from imggen.storage import cache_root, cached_npz
 
     digest = hashlib.sha256(json.dumps({"v": VERSION, **key}, sort_keys=True, default=str).encode()).hexdigest()
-    path = cache_root() / f"brats-demo-fills-{digest[:24]}.npz"
-    if path.is_file():
-        try:  # np.load checks each member's zip CRC: a truncated or altered file fails here
-            with np.load(path) as z:
-                return {k: z[k] for k in z.files}
-        except Exception as e:  # noqa: BLE001 - any damage: compute again
-            print(f"note: {path} is damaged ({type(e).__name__}); computing the brats-demo 3-D fills again",
-                  file=sys.stderr)
-    out = compute()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
-        np.savez_compressed(tmp, **out)
-        os.replace(tmp, path)
-    except OSError as e:  # a read-only or full cache: the fills are still returned
-        print(f"note: cannot keep the brats-demo 3-D fills in {path.parent} ({e.strerror or e})", file=sys.stderr)
-    return out
+    return cached_npz(cache_root() / f"brats-demo-fills-{digest[:24]}.npz", compute, "brats-demo 3-D fills cache")

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from imggen.errors import DataError
-from imggen.storage import note_once
+from imggen.storage import cache_root, note_once  # cache_root: the render cache's folder
 
 CACHE_VERSION = 2  # 2: entries carry the sha256 of their pixels
 DIGEST = "imggen-sha256"
@@ -35,14 +35,6 @@ MAX_SUBSTITUTE = 256  # undrawable molecules in a row before giving up
 # threads drawing one batch: RDKit's drawing releases the GIL (160 molecules at 64 px: 0.91 s on one
 # thread, 0.48 s on two, on the 2-core box)
 WORKERS = min(4, os.cpu_count() or 1)
-
-
-def cache_root(cache_dir=None) -> Path:
-    """The render cache folder: `cache_dir`, else $IMGGEN_CACHE_DIR, $IMGGEN_CACHE, ~/.cache/imggen."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get("IMGGEN_CACHE_DIR") or os.environ.get("IMGGEN_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "imggen"
 
 
 def style_dir(style, cache_dir=None) -> Path:

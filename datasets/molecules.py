@@ -12,9 +12,7 @@ import hashlib
 import io
 import json
 import multiprocessing as mp
-import os
 import sys
-import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import numpy as np
 
 from imggen.datasets import ImageSplits, split_indices
 from imggen.errors import DataError
-from imggen.storage import note_once
+from imggen.storage import cache_root, cached_npz
 
 DATA_DIR = Path(__file__).parent / "data"
 SAMPLE = DATA_DIR / "moses_sample.csv"
@@ -218,8 +216,8 @@ def _draw_chunk(args):
 
 
 def default_cache_dir() -> Path:
-    """$IMGGEN_CACHE_DIR, else $IMGGEN_CACHE (older name), else ~/.cache/imggen."""
-    return Path(os.environ.get("IMGGEN_CACHE_DIR") or os.environ.get("IMGGEN_CACHE") or Path.home() / ".cache" / "imggen")
+    """$IMGGEN_CACHE_DIR, else $IMGGEN_CACHE (older name), else ~/.cache/imggen (imggen.storage.cache_root)."""
+    return cache_root()
 
 
 def _cache_key(smiles: list[str], style: MolStyle) -> str:
@@ -251,19 +249,21 @@ def _render(smiles, height, width, style, workers, cache_dir, progress, use_cach
     """(images of the drawable molecules, per-input status array), cached."""
     smiles = [str(s) for s in smiles]
     style = replace(style or style_for(height, width), height=height, width=width)
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    fname = cache / f"molecules-{_cache_key(smiles, style)}.npz"
-    if use_cache and fname.is_file():
-        try:  # np.load checks each member's zip CRC: a truncated or altered file fails here
-            with np.load(fname) as z:
-                images, status = z["images"], z["status"]
-            if status.shape != (len(smiles),) or images.shape != (int((status == OK).sum()), 1, height, width):
-                raise ValueError(f"{images.shape[0]} images of {images.shape[1:]} for {len(status)} molecules")
-            return images, status
-        except Exception as e:  # noqa: BLE001 - zipfile, numpy and zlib raise several types
-            note_once(f"molecule render cache {fname} is damaged ({type(e).__name__}: {e}); drawing the molecules "
-                      f"again")
 
+    def draw():
+        return _draw_all(smiles, height, width, style, workers, progress)
+
+    def check(z):  # a file of another count or size of drawings is damaged too
+        images, status = z["images"], z["status"]
+        if status.shape != (len(smiles),) or images.shape != (int((status == OK).sum()), 1, height, width):
+            raise ValueError(f"{images.shape[0]} images of {images.shape[1:]} for {len(status)} molecules")
+    z = cached_npz(cache_root(cache_dir) / f"molecules-{_cache_key(smiles, style)}.npz", draw,
+                   "molecule render cache", check) if use_cache else draw()
+    return z["images"], z["status"]
+
+
+def _draw_all(smiles, height, width, style, workers, progress) -> dict:
+    """{"images": the drawable molecules' images, "status": per input}, drawn in `workers` processes."""
     from tqdm import tqdm
     chunk = int(min(256, max(16, len(smiles) // (max(workers, 1) * 8) + 1)))
     jobs = [(smiles[i:i + chunk], style) for i in range(0, len(smiles), chunk)]
@@ -284,15 +284,7 @@ def _render(smiles, height, width, style, workers, cache_dir, progress, use_cach
     status = np.concatenate([r[0] for r in results]) if results else np.zeros(0, np.int8)
     images = np.concatenate([r[1] for r in results])[:, None] if results else \
         np.zeros((0, 1, height, width), np.uint8)
-    if use_cache:
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-            tmp = fname.with_suffix(f".tmp{os.getpid()}.npz")
-            np.savez_compressed(tmp, images=images, status=status)
-            os.replace(tmp, fname)
-        except OSError as e:
-            warnings.warn(f"could not write molecule render cache {fname}: {e}", stacklevel=3)
-    return images, status
+    return {"images": images, "status": status}
 
 
 def _counts(status) -> dict:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections import Counter
 
 import numpy as np
@@ -159,28 +158,25 @@ def cos_similarity(ref: Counter, gen: Counter) -> float:
 def reference_stats(smiles, cache_dir=None) -> dict:
     """Fingerprints, fragment and scaffold counts of reference SMILES (e.g. MOSES test), cached on
     disk under a hash of the list (computing them for 10,000 molecules takes ~30 s)."""
-    from imggen.datasets.lazy import cache_root
     from rdkit import rdBase
+
+    from imggen.storage import cache_root, cached_npz
     smiles = list(smiles)
     h = hashlib.sha256(json.dumps([1, rdBase.rdkitVersion, smiles]).encode()).hexdigest()[:24]
-    path = cache_root(cache_dir) / f"moses-ref-{h}.npz"
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {"fps": np.unpackbits(z["fps"], axis=1)[:, :FP_BITS], "n": int(z["n"]),
-                    "frag": Counter(json.loads(str(z["frag"]))), "scaf": Counter(json.loads(str(z["scaf"])))}
-    except (OSError, ValueError, KeyError):
-        pass
-    mols = [m for m in map(parse, smiles) if m is not None]
-    st = {"fps": fingerprints(mols), "n": len(mols), "frag": fragments(mols), "scaf": scaffolds(mols)}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-        np.savez_compressed(tmp, fps=np.packbits(st["fps"], axis=1), n=st["n"],
-                            frag=json.dumps(st["frag"]), scaf=json.dumps(st["scaf"]))
-        os.replace(tmp, path)
-    except OSError:
-        pass
-    return st
+
+    def compute():
+        mols = [m for m in map(parse, smiles) if m is not None]
+        return {"fps": np.packbits(fingerprints(mols), axis=1), "n": np.int64(len(mols)),
+                "frag": np.array(json.dumps(fragments(mols))), "scaf": np.array(json.dumps(scaffolds(mols)))}
+    z = cached_npz(cache_root(cache_dir) / f"moses-ref-{h}.npz", compute, "MOSES reference statistics cache",
+                   check=_unpack)
+    return _unpack(z)
+
+
+def _unpack(z: dict) -> dict:
+    """reference_stats' arrays as stored (bits packed, counts as JSON) -> its statistics."""
+    return {"fps": np.unpackbits(z["fps"], axis=1)[:, :FP_BITS], "n": int(z["n"]),
+            "frag": Counter(json.loads(str(z["frag"]))), "scaf": Counter(json.loads(str(z["scaf"])))}
 
 
 def train_set(folder=None) -> set:

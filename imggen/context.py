@@ -10,7 +10,7 @@ style): patterns, kernels and decode caches stay as they are, and the target seq
 causal because the context depends on the known pixels only.
 
 With `fill` = "biharmonic" (model.context_fill) the context also carries each voided image's classic
-fill (skimage's biharmonic inpainting, C more channels per slice): the encoder starts from the
+fill (biharmonic inpainting, imggen.classic; C more channels per slice): the encoder starts from the
 smooth, boundary-continuous guess a user would otherwise take and learns what to add to it.
 
 `random_masks` draws training masks: lesion-like blobs, rectangles and brush strokes of varying
@@ -56,8 +56,8 @@ def _voided(images, masks, shape, what: str = "context") -> tuple[torch.Tensor, 
 
 def classic_fill(images: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """uint8 (B, C, H, W), bool (B, H, W) -> float (B, C, H, W) in [-1, 1]: the known pixels, and in
-    the hole skimage's biharmonic inpainting of them (an image with no known pixel: 0)."""
-    from skimage.restoration import inpaint_biharmonic
+    the hole their biharmonic fill (imggen.classic; an image with no known pixel: 0)."""
+    from imggen.classic import biharmonic
 
     x = images.double().numpy() / 255.0
     m = masks.numpy()
@@ -66,8 +66,7 @@ def classic_fill(images: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
         if m[i].all():
             out[i] = 0.5
         elif m[i].any():
-            f = inpaint_biharmonic(np.moveaxis(x[i], 0, -1), m[i], channel_axis=-1)
-            out[i][:, m[i]] = np.clip(np.moveaxis(f, -1, 0), 0.0, 1.0)[:, m[i]]
+            out[i] = np.moveaxis(biharmonic(np.moveaxis(x[i], 0, -1), m[i]), -1, 0)
     return torch.from_numpy(out).float() * 2.0 - 1.0
 
 

@@ -2,7 +2,11 @@
 folder (EROFS, EACCES) -- become one StorageError naming the path and the reason, whichever
 library did the writing: Python's own file objects raise OSError, safetensors and nibabel wrap
 it, and torch.save raises RuntimeError ("unexpected pos ...") with the OSError as its context,
-or with none at all when it was given a path (then the folder's free space tells)."""
+or with none at all when it was given a path (then the folder's free space tells).
+
+The on-disk caches of computed arrays live here too: `cache_root` (their folder) and `cached_npz`
+(one .npz per key, written atomically; a damaged file is computed again with one note).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -11,6 +15,9 @@ import os
 import shutil
 import sys
 import tempfile
+from pathlib import Path
+
+import numpy as np
 
 from imggen.errors import StorageError
 
@@ -95,3 +102,44 @@ def atomic_write_text(path: str, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------- array caches
+def cache_root(cache_dir=None) -> Path:
+    """The cache folder: `cache_dir`, else $IMGGEN_CACHE_DIR, $IMGGEN_CACHE (older name), ~/.cache/imggen."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get("IMGGEN_CACHE_DIR") or os.environ.get("IMGGEN_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "imggen"
+
+
+def cached_npz(path, compute, what: str, check=None) -> dict:
+    """The arrays kept in the .npz `path`, else compute() -> {name: array}, kept there through a
+    temporary file and a rename. A file that cannot be read (np.load checks each member's zip CRC,
+    so a truncated or altered one fails) or that `check(arrays)` rejects (it raises) is computed again
+    with one note naming `what` (e.g. "molecule render cache"); a cache that cannot be written only
+    costs the time (one note)."""
+    path = Path(path)
+    if path.is_file():
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+            if check is not None:
+                check(arrays)
+            return arrays
+        except Exception as e:  # noqa: BLE001 - zipfile, numpy, zlib and check raise several types
+            note_once(f"{what} {path} is damaged ({type(e).__name__}: {e}); computing it again")
+    arrays = compute()
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp.npz")
+        with os.fdopen(fd, "wb") as f:
+            np.savez_compressed(f, **arrays)
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only or full cache
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+        note_once(f"cannot keep the {what} in {path.parent} ({e.strerror or e})")
+    return arrays

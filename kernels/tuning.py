@@ -50,7 +50,7 @@ class Config:
 
 C = Config
 CONFIGS: dict[tuple[str, int, str], tuple[Config, ...]] = {
-    # D=64 fp16/bf16 first entries: measured on an H200 (bench/gpu_tune.py; bench/results/h200/
+    # D=64 fp16/bf16 first entries: measured on an H200 (bench/gpu/gpu_tune.py; bench/results/h200/
     # 2_tile_sweep.md): 64-query tiles with 4 warps (one warpgroup) beat the 128 x 64 / 8-warp tiles
     # for band w=256 and w=1024, local2d and bigbird at N=16384 (forward 1.3-1.8x; band w=256: dQ
     # 1.8x, dK/dV 1.4x, fwd+bwd 4.81 -> 3.22 ms). D=32 (the presets' head dim), measured the same way

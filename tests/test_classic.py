@@ -1,5 +1,5 @@
-"""imggen.classic: the biharmonic fill (conjugate gradients) against skimage's direct solver, its
-spacing, its edge cases, and the per-slice fill."""
+"""imggen.classic: the biharmonic fill against skimage's direct solver (holes inside the array, at its
+edges and corners, channels), its spacing, its edge cases, and the per-slice fill."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,8 +12,20 @@ def _inner_mask(rng, shape, p=0.15):
     m = rng.random(shape) < p
     m[(slice(3, 8),) * len(shape)] = True  # one big hole beside scattered small ones
     inner = np.zeros(shape, bool)
-    inner[(slice(2, -2),) * len(shape)] = True  # skimage truncates its stencil at the array's edge
+    inner[(slice(2, -2),) * len(shape)] = True
     return m & inner
+
+
+def _edge_mask(rng, shape, p):
+    """Scattered holes anywhere, a block in a random corner and a ragged band along a random side."""
+    m = rng.random(shape) < p
+    corner = tuple(slice(0, 3) if rng.random() < 0.5 else slice(-3, None) for _ in shape)
+    m[corner] = True
+    ax, side = rng.integers(len(shape)), slice(0, 2) if rng.random() < 0.5 else slice(-2, None)
+    band = np.moveaxis(m, ax, 0)[side]
+    band |= rng.random(band.shape) < 0.6
+    np.moveaxis(m, ax, 0)[side] = band
+    return m
 
 
 @pytest.mark.parametrize("shape", [(20, 20), (17, 23), (12, 13, 14), (9, 16, 11)])
@@ -31,6 +43,36 @@ def test_matches_skimage(shape, smooth):
     ours, ref = biharmonic(img, m), inpaint_biharmonic(img, m)
     assert np.abs(ours - ref).max() < 1e-6
     assert np.array_equal(ours[~m], img[~m])
+
+
+@pytest.mark.parametrize("shape", [(20, 20), (17, 23), (6, 31), (12, 13, 14), (9, 16, 11), (5, 1, 12)])
+@pytest.mark.parametrize("p", [0.05, 0.3])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_matches_skimage_at_edges_and_corners(shape, p, seed):
+    """skimage's stencil near the array's edge is laplace(laplace(unit voxel)) in the neighbourhood
+    clipped to the array (laplace's 'reflect' mode): equal on masks touching sides and corners."""
+    from skimage.restoration import inpaint_biharmonic
+
+    rng = np.random.default_rng([seed, int(p * 100), *shape])
+    img, m = rng.random(shape), _edge_mask(rng, shape, p)
+    ref = inpaint_biharmonic(img, m)
+    assert np.abs(biharmonic(img, m) - ref).max() < 1e-6
+    assert np.abs(biharmonic(img, m, spacing=np.ones(len(shape))) - ref).max() < 1e-6
+
+
+@pytest.mark.parametrize("shape", [(15, 18, 3), (8, 9, 10, 2)])
+def test_channels_match_skimage(shape):
+    """Trailing channel axes: each channel filled (and clipped to its own known range) as skimage's
+    channel_axis=-1 does."""
+    from skimage.restoration import inpaint_biharmonic
+
+    rng = np.random.default_rng(len(shape))
+    img = rng.random(shape) * np.arange(1, shape[-1] + 1)  # channels of different ranges
+    m = _edge_mask(rng, shape[:-1], 0.2)
+    out = biharmonic(img, m)
+    assert out.shape == img.shape
+    assert np.abs(out - inpaint_biharmonic(img, m, channel_axis=-1)).max() < 1e-6
+    assert np.array_equal(out[~m], img[~m])
 
 
 def test_spacing_gives_the_fill_of_physical_space():
@@ -70,11 +112,15 @@ def test_empty_full_and_edge_holes():
     with pytest.raises(ValueError, match="shape"):
         biharmonic(img, np.zeros((8, 7), bool))
     edge = np.zeros((8, 8), bool)
-    edge[0:3, 0:4] = True  # touches the corner: the edge voxels repeat
+    edge[0:3, 0:4] = True  # touches the corner: no slope across the array's sides
     out = biharmonic(img, edge)
     known = img[~edge]
     assert np.isfinite(out).all() and out[edge].min() >= known.min() and out[edge].max() <= known.max()
-    assert np.abs(out[edge] - img[edge]).max() < 5.0  # a ramp: close to itself
+    # no slope across the sides (skimage's equations): the corner's fill levels off, not the ramp's
+    from skimage.restoration import inpaint_biharmonic
+
+    assert np.abs(out - inpaint_biharmonic(img, edge)).max() < 1e-6
+    assert np.abs(out[edge] - img[edge]).max() < 10.0 and abs(out[0, 0] - img[0, 0]) > 5.0
 
 
 def test_slices_are_filled_one_by_one():

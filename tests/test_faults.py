@@ -480,3 +480,71 @@ def test_a_damaged_native_library_is_rebuilt_with_one_note(tmp_path, monkeypatch
     assert len(rebuilt) > len(good) // 2 and os.path.basename(again).endswith(native._file_sha256(again)[:16] + ".so")
     assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(again)]
     assert native.build() == again and _lines(capfd.readouterr().err) == []  # and used as it is from then on
+
+
+def test_cached_npz_is_atomic_and_rebuilds_a_damaged_file_with_one_note(tmp_path, monkeypatch, capfd):
+    """imggen.storage.cached_npz, under every .npz cache (brats-demo fills, molecule drawings, MOSES
+    reference statistics): written through a temporary file and a rename, a damaged or rejected file
+    computed again with one note, a failed write leaving the old file and no temporary one."""
+    from imggen.storage import cached_npz
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"a": np.arange(12, dtype=np.uint8).reshape(3, 4), "s": np.array("text")}
+    path = tmp_path / "c" / "x.npz"
+    first = cached_npz(path, compute, "test cache")
+    assert [p.name for p in path.parent.iterdir()] == ["x.npz"]  # no temporary file left
+    assert cached_npz(path, compute, "test cache")["a"].tolist() == first["a"].tolist() and len(calls) == 1
+    capfd.readouterr()
+
+    def reject(z):
+        raise ValueError("wrong shape")
+    assert str(cached_npz(path, compute, "test cache", check=reject)["s"]) == "text" and len(calls) == 2
+    err = _lines(capfd.readouterr().err)
+    assert len(err) == 1 and f"note: test cache {path} is damaged (ValueError: wrong shape)" in err[0], err
+    for i, damage in enumerate(["truncate", "flip"]):
+        p = tmp_path / f"d{i}.npz"
+        cached_npz(p, compute, "test cache")
+        data = bytearray(p.read_bytes())
+        if damage == "truncate":
+            data = data[: len(data) // 2]
+        else:
+            data[len(data) // 2] ^= 0xFF
+        p.write_bytes(bytes(data))
+        capfd.readouterr()
+        again = cached_npz(p, compute, "test cache")
+        assert np.array_equal(again["a"], first["a"])
+        err = _lines(capfd.readouterr().err)
+        assert len(err) == 1 and f"test cache {p} is damaged" in err[0] and "computing it again" in err[0], err
+        with np.load(p) as z:  # rebuilt: intact again
+            assert np.array_equal(z["a"], first["a"])
+    good = path.read_bytes()
+
+    def full_disk(f, **arrays):
+        f.write(b"PK partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(np, "savez_compressed", full_disk)
+    path.write_bytes(good[:10])  # damaged, and its rewrite fails: the arrays still come back
+    capfd.readouterr()
+    assert np.array_equal(cached_npz(path, compute, "test cache")["a"], first["a"])
+    err = _lines(capfd.readouterr().err)
+    assert len(err) == 2 and "cannot keep the test cache" in err[1] and "no space left" in err[1].lower(), err
+    assert [p.name for p in path.parent.iterdir()] == ["x.npz"] and path.read_bytes() == good[:10]
+
+
+def test_a_damaged_moses_reference_cache_is_rebuilt_with_one_note(tmp_path, capfd):
+    from imggen.eval import moses_metrics as mm
+
+    ref = mm.reference_stats(["CCO", "c1ccccc1O"], cache_dir=tmp_path)
+    (npz,) = tmp_path.glob("moses-ref-*.npz")
+    npz.write_bytes(npz.read_bytes()[:100])
+    capfd.readouterr()
+    again = mm.reference_stats(["CCO", "c1ccccc1O"], cache_dir=tmp_path)
+    assert (again["fps"] == ref["fps"]).all() and again["n"] == ref["n"] == 2
+    assert again["frag"] == ref["frag"] and again["scaf"] == ref["scaf"]
+    err = _lines(capfd.readouterr().err)
+    assert len(err) == 1 and f"MOSES reference statistics cache {npz} is damaged" in err[0], err
+    with np.load(npz) as z:  # rebuilt: intact again
+        assert int(z["n"]) == 2

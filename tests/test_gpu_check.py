@@ -1,4 +1,4 @@
-"""bench/gpu_check.sh + bench/gpu_bench.py: the CPU dry run end to end (the same units as on an H200
+"""bench/gpu/gpu_check.sh + bench/gpu/gpu_bench.py: the CPU dry run end to end (the same units as on an H200
 at tiny sizes: JSON/MD writing, PASS/FAIL logic, exception capture, training smoke), the no-CUDA
 exit, and the pieces the GPU run trusts (fp32 references with exact gradients, pair counts, kernel
 classification, train-log parsing, target gating)."""
@@ -20,7 +20,7 @@ import imggen
 from imggen.attention import reference_attention
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT / "bench" / "gpu"), str(ROOT / "bench")]
 import gpu_readouts as gro  # noqa: E402
 import gpu_reference as gr  # noqa: E402
 import gpu_targets as gt  # noqa: E402
@@ -35,7 +35,7 @@ def dry_run(tmp_path_factory):
     env = dict(os.environ, OUT=str(out))
     env.pop("IMGGEN_BACKEND", None)
     t = time.time()
-    r = subprocess.run(["bash", "bench/gpu_check.sh", "--dry-run", "--inject-failure", INJECT], cwd=ROOT, env=env,
+    r = subprocess.run(["bash", "bench/gpu/gpu_check.sh", "--dry-run", "--inject-failure", INJECT], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=400)
     return r, out, time.time() - t
 
@@ -106,12 +106,12 @@ def test_dry_run_exception_is_captured(dry_run):
                     reason="a CUDA machine would start the real check")
 def test_without_cuda_exits_at_once_with_one_line(tmp_path):
     t = time.time()
-    r = subprocess.run(["bash", "bench/gpu_check.sh"], cwd=ROOT, env=dict(os.environ, OUT=str(tmp_path / "o")),
+    r = subprocess.run(["bash", "bench/gpu/gpu_check.sh"], cwd=ROOT, env=dict(os.environ, OUT=str(tmp_path / "o")),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and time.time() - t < 5
     lines = (r.stdout + r.stderr).strip().splitlines()
     assert len(lines) == 1 and "no CUDA GPU" in lines[0] and "--dry-run" in lines[0]
-    r = subprocess.run([sys.executable, "bench/gpu_bench.py"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+    r = subprocess.run([sys.executable, "bench/gpu/gpu_bench.py"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     lines = (r.stdout + r.stderr).strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "no CUDA GPU" in lines[0]
@@ -119,9 +119,9 @@ def test_without_cuda_exits_at_once_with_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_tile_sweep_dry_run(tmp_path):
-    """bench/gpu_tune.py end to end on one row: every forced tile is timed and agrees with the
+    """bench/gpu/gpu_tune.py end to end on one row: every forced tile is timed and agrees with the
     launcher's own result (fp32 under the interpreter: rounding-level differences only)."""
-    r = subprocess.run([sys.executable, "bench/gpu_tune.py", "--dry-run", "--rows", "0"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "bench/gpu/gpu_tune.py", "--dry-run", "--rows", "0"], cwd=ROOT,
                        env=dict(os.environ, OUT=str(tmp_path)), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (rec,) = json.loads((tmp_path / "gpu_tune.json").read_text())

@@ -66,7 +66,7 @@ def test_study_backends_include_flex():
 def test_gpu_smoke_has_help():
     import subprocess
     import sys
-    smoke = os.path.join(ROOT, "bench", "gpu_smoke.py")
+    smoke = os.path.join(ROOT, "bench", "gpu", "gpu_smoke.py")
     for args in (["--help"], ["train", "--help"], ["data", "-h"]):
         r = subprocess.run([sys.executable, smoke, *args], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and r.stdout.startswith("usage: gpu_smoke.py"), (args, r.stderr)

@@ -1,4 +1,4 @@
-"""How bench/gpu_bench.py runs its units in a short GPU slot, whatever they measure.
+"""How bench/gpu/gpu_bench.py runs its units in a short GPU slot, whatever they measure.
 
 Every unit runs in priority order under one deadline: it starts only if its time slot's minimum
 still fits the budget, and is stopped (SIGALRM) at the end of its slot. An exception or a timeout
@@ -189,7 +189,7 @@ class Runner:
 
     # ---------------------------------------------------------------- child processes
     def start_wrapped(self, script: Path, kind: str, backend: str, argv: list[str]) -> dict:
-        """Start `script` KIND RESULT.json -- argv (bench/gpu_smoke.py: train.py / sample.py in a
+        """Start `script` KIND RESULT.json -- argv (bench/gpu/gpu_smoke.py: train.py / sample.py in a
         wrapper) with IMGGEN_BACKEND=backend, its output into a log in the work folder."""
         result = self.work / f"{kind}_{backend}.json"
         logpath = self.work / f"{kind}_{backend}.log"

@@ -5,14 +5,14 @@
 #   gpu_check.log   this output, with timestamps                 smoke.log       train.py / sample.py output
 #   samples.png     4 images from the training smoke's checkpoint
 #
-# Run it in one call, from the repository root (device tool: command `bash bench/gpu_check.sh`, timeout_s 300):
-#     bash bench/gpu_check.sh
+# Run it in one call, from the repository root (device tool: command `bash bench/gpu/gpu_check.sh`, timeout_s 300):
+#     bash bench/gpu/gpu_check.sh
 # CPU plumbing test, tiny sizes under the Triton interpreter (tests/test_gpu_check.py runs it; 70 s measured on
 # 2 busy cores, 45 s of CPU):
-#     bash bench/gpu_check.sh --dry-run
+#     bash bench/gpu/gpu_check.sh --dry-run
 # What did not fit (rows listed as 'not run' in gpu_check.md), in a longer slot (timeout_s 600):
-#     bash bench/gpu_check.sh --parts grid,selfcheck --budget 540
-# Other flags: python3 bench/gpu_bench.py --help. Exit code: 0 every target PASS; 1 a target FAIL or
+#     bash bench/gpu/gpu_check.sh --parts grid,selfcheck --budget 540
+# Other flags: python3 bench/gpu/gpu_bench.py --help. Exit code: 0 every target PASS; 1 a target FAIL or
 # NOT RUN; 2 no CUDA (one line, at once); 124/137 stopped by the hard timeout (results so far are on disk).
 #
 # What runs, in priority order, with seconds measured on an H200 with cold compile caches (2026-11-30,
@@ -38,7 +38,7 @@
 #        fp32 reference outlasted a 45 s slot on the H200). The default 4-minute slot ends somewhere in
 #        here: the rest is listed under 'Not run' in gpu_check.md, for the longer call above.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 PY=${PYTHON:-python3}
 command -v "$PY" >/dev/null 2>&1 || PY=python
@@ -50,12 +50,12 @@ for ((i = 0; i < ${#args[@]}; i++)); do
         --dry-run) DRY=1 ;;
         --budget) BUDGET="${args[i + 1]:-}" ;;
         --budget=*) BUDGET="${args[i]#--budget=}" ;;
-        -h | --help) exec "$PY" bench/gpu_bench.py --help ;;
+        -h | --help) exec "$PY" bench/gpu/gpu_bench.py --help ;;
     esac
 done
 
 if [ "$DRY" = 0 ] && ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
-    echo "gpu_check.sh: no CUDA GPU here (nvidia-smi missing or failing); run it on an H200, or run 'bash bench/gpu_check.sh --dry-run' for the CPU plumbing test"
+    echo "gpu_check.sh: no CUDA GPU here (nvidia-smi missing or failing); run it on an H200, or run 'bash bench/gpu/gpu_check.sh --dry-run' for the CPU plumbing test"
     exit 2
 fi
 
@@ -81,9 +81,9 @@ fi
 
 export PYTHONUNBUFFERED=1 OUT="$OUTDIR"
 if command -v timeout >/dev/null 2>&1; then
-    timeout -k 5 "$HARD" "$PY" bench/gpu_bench.py "$@" 2>&1 | tee -a "$LOG"
+    timeout -k 5 "$HARD" "$PY" bench/gpu/gpu_bench.py "$@" 2>&1 | tee -a "$LOG"
 else
-    "$PY" bench/gpu_bench.py "$@" 2>&1 | tee -a "$LOG"
+    "$PY" bench/gpu/gpu_bench.py "$@" 2>&1 | tee -a "$LOG"
 fi
 rc=${PIPESTATUS[0]}
 

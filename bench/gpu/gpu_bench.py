@@ -1,8 +1,8 @@
-"""GPU check of imggen's sparse attention for a short slot; bench/gpu_check.sh runs it.
+"""GPU check of imggen's sparse attention for a short slot; bench/gpu/gpu_check.sh runs it.
 
-    bash bench/gpu_check.sh                  # one H200, <= 4 min with compiles; results under $OUT
-    python bench/gpu_bench.py --dry-run      # CPU, tiny sizes, Triton interpreter (the CI test)
-    python bench/gpu_bench.py --parts grid,selfcheck --budget 540   # the rest of the grid, longer slot
+    bash bench/gpu/gpu_check.sh                  # one H200, <= 4 min with compiles; results under $OUT
+    python bench/gpu/gpu_bench.py --dry-run      # CPU, tiny sizes, Triton interpreter (the CI test)
+    python bench/gpu/gpu_bench.py --parts grid,selfcheck --budget 540   # the rest of the grid, longer slot
 
 Everything is a *unit* run in priority order under one deadline (--budget seconds from start): the
 rows that decide a target first, then the rest. Each unit is wrapped: an exception or its time slot
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 T0 = time.time()  # the budget counts from here, before torch's import
-BENCH = Path(__file__).resolve().parent
+GPU = Path(__file__).resolve().parent  # bench/gpu: the sibling modules; bench/: harness.py
 
 
 def prepare_env(argv) -> None:
@@ -49,7 +49,7 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-sys.path.insert(0, str(BENCH))
+sys.path[:0] = [str(GPU), str(GPU.parent)]
 from gpu_smoke import ensure_imggen  # noqa: E402
 
 IMGGEN_FROM = ensure_imggen()

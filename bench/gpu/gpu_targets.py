@@ -1,4 +1,4 @@
-"""What bench/gpu_bench.py measures and what passes: the rows (pattern, length, batch) against their
+"""What bench/gpu/gpu_bench.py measures and what passes: the rows (pattern, length, batch) against their
 peers, the sizes of the dry run, the time slots, and the targets with their correctness gates.
 
     band w=256, N=16384 fwd+bwd:  >= 1.2x FlexAttention, >= 12x dense causal SDPA, >= 150 useful TFLOP/s

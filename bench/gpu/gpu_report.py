@@ -1,4 +1,4 @@
-"""gpu_check.md from bench/gpu_bench.py's results: the targets and the other gates first, then one
+"""gpu_check.md from bench/gpu/gpu_bench.py's results: the targets and the other gates first, then one
 table per measurement (sparse attention rows, decode, kernel breakdown, training smoke, self-check),
 errors, what did not run, the timeline and the conventions.
 """
@@ -121,7 +121,7 @@ def markdown(r: dict, cfg: dict, budget: float, dry_run: bool) -> str:
                for v in grp.values() if isinstance(v, dict) for s in v.get("skipped", [])]
     if skipped:
         L += ["", "## Not run", ""] + [f"- {s}" for s in skipped]
-        L += ["", "Run the rest in a longer slot: `bash bench/gpu_check.sh --parts grid,selfcheck --budget 540`"]
+        L += ["", "Run the rest in a longer slot: `bash bench/gpu/gpu_check.sh --parts grid,selfcheck --budget 540`"]
     L += ["", "## Timeline", ""]
     L.append(md_table(["unit", "start s", "seconds", "status"],
                       [[t["unit"], t["start_s"], t["seconds"], t["status"]] for t in r["timeline"]]))

@@ -1,6 +1,6 @@
-"""The training smoke of the GPU check (bench/gpu_bench.py): train.py --preset cifar on generated
+"""The training smoke of the GPU check (bench/gpu/gpu_bench.py): train.py --preset cifar on generated
 CIFAR-10 pickles, once per attention backend, then sample.py from the first checkpoint that trained,
-each through bench/gpu_smoke.py in its own process (a crash, hang or broken CUDA context stays there).
+each through bench/gpu/gpu_smoke.py in its own process (a crash, hang or broken CUDA context stays there).
 The numbers come from train.py's own log (gpu_readouts.parse_train_log).
 """
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 from gpu_readouts import parse_train_log
 from gpu_runner import SkipUnit
-from harness import BENCH, fmt
+from harness import fmt
 
-SMOKE = BENCH / "gpu_smoke.py"  # train.py / sample.py in a wrapper that records time and memory
+SMOKE = Path(__file__).resolve().parent / "gpu_smoke.py"  # train.py / sample.py in a wrapper that records time and memory
 
 
 class TrainingSmoke:

@@ -1,4 +1,4 @@
-"""Reading what ran, for bench/gpu_bench.py: a torch.profiler pass into a per-kernel and per-category
+"""Reading what ran, for bench/gpu/gpu_bench.py: a torch.profiler pass into a per-kernel and per-category
 breakdown (kernel names classified generically, so a renamed kernel still lands in its category),
 and train.py's log.jsonl into the training smoke's numbers.
 """

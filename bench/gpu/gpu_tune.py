@@ -1,10 +1,10 @@
 """Tile sweep of the attention kernels on a GPU: which (bm, bn, warps, stages) each kernel should try first.
 
-    python3 bench/gpu_tune.py --budget 200        # one H200: 2 min at D=64, compiles included; results under $OUT
-    python3 bench/gpu_tune.py --head-dim 32       # the presets' head dim (swept 12-04: RESULTS section 6)
-    python3 bench/gpu_tune.py --dry-run           # CPU plumbing check (Triton interpreter, tiny shapes)
+    python3 bench/gpu/gpu_tune.py --budget 200        # one H200: 2 min at D=64, compiles included; results under $OUT
+    python3 bench/gpu/gpu_tune.py --head-dim 32       # the presets' head dim (swept 12-04: RESULTS section 6)
+    python3 bench/gpu/gpu_tune.py --dry-run           # CPU plumbing check (Triton interpreter, tiny shapes)
 
-For every row (pattern at N=16384, B=8, H=16, bf16, D=64 by default: the sizes of bench/gpu_check.sh)
+For every row (pattern at N=16384, B=8, H=16, bf16, D=64 by default: the sizes of bench/gpu/gpu_check.sh)
 and every kernel (fwd, dq, dkdv), each candidate configuration (the launcher's own for that D, then
 EXTRA) is forced (kernels.tuning.forced) while the other kernels keep their defaults, and timed: fwd = one forward without autograd; dq / dkdv = one backward (delta, dQ, dK/dV,
 flushes) of a saved forward, so the differences between candidates of one kernel are that kernel's.
@@ -27,7 +27,8 @@ if "--dry-run" in sys.argv:
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+GPU = Path(__file__).resolve().parent  # bench/gpu: gpu_smoke.py; bench/: harness.py
+sys.path[:0] = [str(GPU), str(GPU.parent)]
 from gpu_smoke import ensure_imggen  # noqa: E402
 from harness import machine, md_table, out_dir, sync, time_call, write_results  # noqa: E402
 
@@ -112,7 +113,7 @@ def sweep_row(label, kind, params, d, deadline, dry) -> dict:
 
 def markdown(recs, args, m: dict) -> str:
     lines = [f"# Kernel tile sweep\n\n{m['gpu'] or 'cpu (dry run)'} · torch {m['torch']} · triton {m['triton']} · "
-             f"commit {m['commit']} · `python3 bench/gpu_tune.py --budget {args.budget} "
+             f"commit {m['commit']} · `python3 bench/gpu/gpu_tune.py --budget {args.budget} "
              f"--head-dim {args.head_dim}` · {time.strftime('%F %T')}\n",
              "ms: fwd = forward alone; dq / dkdv = whole backward with that kernel's tile forced (the others as "
              "the launcher picks them). x first: the kernel's first candidate's time / this one's. rel: vs the result "

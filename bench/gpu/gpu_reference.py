@@ -1,4 +1,4 @@
-"""What bench/gpu_bench.py checks its numbers against: fp32 softmax and diffuser attention with exact
+"""What bench/gpu/gpu_bench.py checks its numbers against: fp32 softmax and diffuser attention with exact
 gradients, straight from pattern.allowed in query chunks (never a block layout), the error metrics
 (rel and worst row, see CONVENTIONS in gpu_targets.py), the allowed-pair counts behind the useful
 FLOPs, and the diffuser's graph as one softmax attention (the denominator of its target).

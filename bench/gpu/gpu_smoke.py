@@ -1,8 +1,8 @@
-"""Training/sampling smoke for bench/gpu_check.sh: the real CLIs, wrapped to record time and peak memory.
+"""Training/sampling smoke for bench/gpu/gpu_check.sh: the real CLIs, wrapped to record time and peak memory.
 
-    python bench/gpu_smoke.py data DIR [--per-batch N] [--seed S]     # fake CIFAR-10 in the real pickle format
-    python bench/gpu_smoke.py train RESULT.json -- <train.py arguments>   # runs train.py
-    python bench/gpu_smoke.py sample RESULT.json -- <sample.py arguments> # runs sample.py
+    python bench/gpu/gpu_smoke.py data DIR [--per-batch N] [--seed S]     # fake CIFAR-10 in the real pickle format
+    python bench/gpu/gpu_smoke.py train RESULT.json -- <train.py arguments>   # runs train.py
+    python bench/gpu/gpu_smoke.py sample RESULT.json -- <sample.py arguments> # runs sample.py
 
 `train` / `sample` run train.py / sample.py in this process exactly as `python train.py ...` would
 (runpy; the attention backend comes from IMGGEN_BACKEND, set by the caller) and write RESULT.json: exit code, wall seconds (process start
@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 
 T_START = time.time()
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CIFAR_TRAIN = ["data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5"]
 CIFAR_TEST = "test_batch"
 
