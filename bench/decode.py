@@ -84,7 +84,7 @@ def recompute_rate(model, steps: int, at: int) -> float:
 
 def recompute_plan_bytes(model, n: int) -> int:
     """Bytes of the blocked CPU backend's masks for a forward of n tokens (largest layer)."""
-    from imggen.blocked import make_windows
+    from imggen.attention.blocked import make_windows
 
     worst = 0
     for p in model.patterns:

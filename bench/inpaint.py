@@ -10,7 +10,7 @@ data's seeded challenge-like 3-D blobs (`demo_mask_bank`: 1-15% of the brain) th
 of the slab, cut to it, so the hole is one coherent 3-D region as in the challenge (`test_volumes`).
 
 Methods: biharmonic slice by slice (2-D) and on the whole volume at once (3-D; both imggen.classic,
-skimage's equations); the regression-only encoder (imggen.regress: the challenge winners'
+skimage's equations); the regression-only encoder (imggen.inpainting.regress: the challenge winners'
 recipe); the context model, one sample and the per-pixel mean of K draws (the same K draws: the
 1-sample time is their time / K); optionally the unconditional model, best of R by likelihood, and
 a 2.5-D context model (`--context25`, model.context_slices = s: each slice also sees the voided slices
@@ -104,7 +104,7 @@ def point_fills(x: np.ndarray, has: np.ndarray, draws: np.ndarray) -> tuple[np.n
 def volume_context(model, images: np.ndarray, masks: np.ndarray) -> torch.Tensor:
     """A 2.5-D context model's context of every slice of a volume, uint8 (Z, C, H, W) with holes
     (Z, H, W): the voided slices z-s..z+s with their holes, one outside the volume zero and all unknown."""
-    from imggen.context import slice_stacks
+    from imggen.inpainting.context import slice_stacks
 
     s, z = model.config.context_slices, len(images)
     nbrs = np.arange(z)[:, None] + np.arange(-s, s + 1)[None]
@@ -231,8 +231,8 @@ def main(argv=None) -> int:
     from imggen.eval.brats_eval import evaluate
     from imggen.eval.run import load_data, load_run
     from imggen.images import image_scale, save_grid
-    from imggen.regress import load as load_regressor
-    from imggen.regress import predict
+    from imggen.inpainting.regress import load as load_regressor
+    from imggen.inpainting.regress import predict
     from imggen.sampling import inpaint_images
 
     ctx_run = load_run(args.context)

@@ -7,7 +7,7 @@
 One thread (torch.set_num_threads(1)) unless --threads. Each repeat times every method once, in
 turn, so a busy machine slows them alike; the table gives medians and the ratios of medians.
 "tiles" and "band" are imggen's cpu backend with its local2d tile path forced on / off (`tile=`);
-the backend picks tiles by itself where they pay (imggen.tiles.choose_tile). Dense causal SDPA is
+the backend picks tiles by itself where they pay (imggen.attention.tiles.choose_tile). Dense causal SDPA is
 `F.scaled_dot_product_attention(is_causal=True)`. Peak MB: growth of the resident set during one
 forward+backward in a fresh process (bench/attention.py's method).
 """
@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import imggen  # noqa: E402
 from attention import _peak_here  # noqa: E402
 from harness import cpu_model, md_table  # noqa: E402
-from imggen.blocked import cpu_attention, make_windows  # noqa: E402
-from imggen.tiles import TileWindows, choose_tile  # noqa: E402
+from imggen.attention.blocked import cpu_attention, make_windows  # noqa: E402
+from imggen.attention.tiles import TileWindows, choose_tile  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SIZES = [(64, 1), (128, 1), (64, 3)]  # (image side, channels)

@@ -1,4 +1,4 @@
-"""Decode-step linears through weight panels (imggen/panels.py) vs the layers (MKL), on this CPU.
+"""Decode-step linears through weight panels (imggen/decode/panels.py) vs the layers (MKL), on this CPU.
 
     python bench/panels.py [--threads 1,2] [--out bench/results/panels.md] [--quick]
 
@@ -8,7 +8,7 @@
 * steps: model.step at batch 16 for models of growing weight size, panels on and off in turns of
   20 steps in one process (the machine's drift hits both alike); median step time;
 * threads: model.step of the demo and brats presets at batch 1 and 4 on 1 vs 2 threads.
-They choose imggen.panels' constants ROWS_PER_THREAD (rows where panels stop winning) and
+They choose imggen.decode.panels' constants ROWS_PER_THREAD (rows where panels stop winning) and
 MIN_BYTES (model size where they start), and imggen.threads' second core for small batches.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "bench"))
 
-import imggen.panels as panels  # noqa: E402
+import imggen.decode.panels as panels  # noqa: E402
 from imggen.config import preset  # noqa: E402
 from imggen.decode import make_caches  # noqa: E402
 from imggen.model import ImageTransformer  # noqa: E402
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
         print("\n".join(block), flush=True)
         lines += block
     # sample.py's thread choice for small batches (imggen.threads.decode_tick), panels as chosen
-    block = ["## decode steps, 1 vs 2 threads (panels where imggen.panels picks them)", ""] + steps(
+    block = ["## decode steps, 1 vs 2 threads (panels where imggen.decode.panels picks them)", ""] + steps(
         thread_models, [1, 4], {"1 thread": _set(threads=1), "2 threads": _set(threads=2)}, rounds, per_round) + [""]
     print("\n".join(block), flush=True)
     lines += block

@@ -1,4 +1,4 @@
-"""Train the regression-only inpainting baseline (imggen.regress: the context encoder + a pixel head,
+"""Train the regression-only inpainting baseline (imggen.inpainting.regress: the context encoder + a pixel head,
 L1 / MSE loss on the hole), on the training split of a data spec at the context model's size.
 
     python bench/train_regress.py --data brats-demo --size 64 --steps 3000 --out runs/b64reg
@@ -7,7 +7,7 @@ L1 / MSE loss on the hole), on the training split of a data spec at the context 
 
 Writes OUT/regress.pt (weights, settings and the training budget: steps, seconds, machine) and
 OUT/log.jsonl (step, mean loss, lr, seconds). The masks are the context model's training masks
-(imggen.tasks.training_masks with the same seed): the data's own for half a batch, random shapes for
+(imggen.inpainting.tasks.training_masks with the same seed): the data's own for half a batch, random shapes for
 the rest.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from harness import command_line, cpu_model  # noqa: E402
 
 from imggen.datasets import load_dataset  # noqa: E402
 from imggen.precision import PRECISIONS, describe, resolve  # noqa: E402
-from imggen.regress import LOSSES, HoleRegressor, save, train_regressor  # noqa: E402
+from imggen.inpainting.regress import LOSSES, HoleRegressor, save, train_regressor  # noqa: E402
 
 
 def main(argv=None) -> int:

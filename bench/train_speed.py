@@ -141,10 +141,10 @@ def run_parity(spec: dict, work: str) -> list[dict]:
     import torch
 
     sys.path.insert(0, HERE)
-    from imggen.batches import load_data
+    from imggen.training.batches import load_data
     from imggen.checkpoint import load_model, read_config, resolve
     from imggen.eval.bpd import bootstrap_ci, token_bits_per_dim
-    from imggen.tasks import split_masks
+    from imggen.inpainting.tasks import TASKS
 
     rows = []
     for name, steps in spec.items():
@@ -166,13 +166,13 @@ def run_parity(spec: dict, work: str) -> list[dict]:
         splits, _ = load_data(cfg, progress=False)
         for split in ("val", "test"):
             n = min(len(splits[split]), 256)
-            masks, nbrs = split_masks(cfg, splits, split, n) if cfg.train.task == "inpaint" else (None, None)
             per = {}
             for prec, (out, _) in runs.items():
                 torch.manual_seed(0)
-                model = load_model(out).eval()
-                per[prec] = np.asarray(token_bits_per_dim(model, splits[split][:n], 16, masks=masks,
-                                                          neighbours=nbrs), dtype=np.float64)
+                model = load_model(out).eval()  # scored as training scores it (its task's masks and fills)
+                inputs = TASKS[cfg.train.task].eval_inputs(cfg, model, splits, split, n)
+                per[prec] = np.asarray(token_bits_per_dim(model, splits[split][:n], 16, inputs=inputs),
+                                       dtype=np.float64)
             d = per["bf16"] - per["fp32"]
             lo, hi = bootstrap_ci(d, 2000, 0)
             rows.append({"preset": name, "steps": steps, "split": split, "n": n,

@@ -67,10 +67,10 @@ def token_bits_per_dim(model, tokens: torch.Tensor, batch_size: int = 16, masks=
     place bits/dim is computed (training's validation and test figures call it too). With pixel
     masks (B, H, W) (True = unknown), an inpainting model's bits/dim of the unknown subpixels given
     the known ones (its context); a 2.5-D context model takes masks (B, 2s+1, H, W) and `neighbours`,
-    the slices around each image (imggen.tasks.split_masks); `fills`, the holes' given classic fills
-    (imggen.tasks.split_fills). Or, for any task, `inputs` (imggen.tasks.Task.eval_inputs): a function
+    the slices around each image (imggen.inpainting.tasks.split_masks); `fills`, the holes' given classic fills
+    (imggen.inpainting.tasks.split_fills). Or, for any task, `inputs` (imggen.inpainting.tasks.Task.eval_inputs): a function
     (tokens (b, N), rows: a slice of the sequences) -> (context, token weights), None = all tokens."""
-    from imggen.tasks import inpaint_inputs
+    from imggen.inpainting.tasks import inpaint_inputs
 
     if masks is not None:
         def inputs(x, rows):

@@ -26,7 +26,7 @@ def run_bpd(run: Run, data=None, spec: str | None = None, split: str = "test", l
     imgs = split_images(data, split, limit)
     masks = None
     if run.model.context is not None:  # an inpainting model: under the fixed masks of training's evaluation
-        from imggen.tasks import eval_masks
+        from imggen.inpainting.tasks import eval_masks
         m, given = run.cfg.model, data.masks.get(split)
         masks = eval_masks(run.cfg.train.seed, split, len(imgs), None if given is None else given[:len(imgs)],
                            m.height, m.width)

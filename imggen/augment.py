@@ -99,7 +99,7 @@ def augment_tokens(x: torch.Tensor, masks, rng: np.random.Generator, model_cfg, 
                    batch: int | None = None, fills=None):
     """`augment` of token sequences (b, N) of a model config's images -> (tokens on x's device,
     masks, stack, fills); a 2.5-D stack's middle slice is the model's context_slices. `fills` (float
-    (b, C, H, W), NaN rows: none; imggen.tasks.split_fills), the holes' classic fills, get their
+    (b, C, H, W), NaN rows: none; imggen.inpainting.tasks.split_fills), the holes' classic fills, get their
     image's warp and gamma (they ride along as one more slice of the stack)."""
     from imggen.tokens import detokenize_tokens, tokenize
 

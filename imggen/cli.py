@@ -17,7 +17,7 @@ from imggen.attention import forced_backend
 from imggen.config import BACKENDS, PATTERN_PARAMS, PRESETS, Config, apply_override, preset
 from imggen.errors import ConfigError, ImggenError, Interrupted, ShapeError, StorageError, WorkerLost
 from imggen.memory import save_limit
-from imggen.tasks import TASKS
+from imggen.inpainting.tasks import TASKS
 from imggen.threads import set_threads
 from imggen.volumes import BRATS_HELP, UNCERTAINTY_HELP, brats_main
 

@@ -7,8 +7,8 @@ import math
 import typing
 from dataclasses import dataclass, field
 
-from imggen.context import CONTEXTS, FILLS, MAX_CONTEXT_SLICES
-from imggen.tasks import TASKS
+from imggen.inpainting.context import CONTEXTS, FILLS, MAX_CONTEXT_SLICES
+from imggen.inpainting.tasks import TASKS
 from imggen.errors import ConfigError
 from imggen.patterns import Pattern, config_params, pattern_for_image
 from imggen.precision import PRECISIONS
@@ -50,7 +50,7 @@ class _ModelCore:
     # pattern parameters (window, radius, ...) are fields added from the pattern classes below
     attention: str = "band"
     backend: str = "auto"            # reference | cpu | triton | flex | auto
-    context: str = "none"            # "unet": an inpainting model that sees the voided image (imggen.context)
+    context: str = "none"            # "unet": an inpainting model that sees the voided image (imggen.inpainting.context)
     context_width: int = 64          # channels of the context encoder
     context_slices: int = 0          # 2.5-D context: s neighbouring slices on each side (volume data, unet)
     context_fill: str = "none"       # "biharmonic"(3d): the context also carries the hole's classic fill (unet)

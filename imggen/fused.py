@@ -19,7 +19,7 @@ from imggen.precision import compute_dtype
 
 def wide(x: torch.Tensor) -> torch.Tensor:
     """x in at least float32 (half / bfloat16 / float32 -> float32, float64 kept): the precision of
-    LayerNorm statistics here and of attention softmax in imggen.blocked."""
+    LayerNorm statistics here and of attention softmax in imggen.attention.blocked."""
     return x if x.dtype == torch.float64 else x.float()
 
 

@@ -1,7 +1,7 @@
 """What a training step keeps for its backward.
 
 Three layers can either save what their backward needs or recompute it there: the cpu backend's
-attention probabilities (imggen.blocked), the normalised LayerNorm output that a Linear reads and the
+attention probabilities (imggen.attention.blocked), the normalised LayerNorm output that a Linear reads and the
 MLP's hidden activations (imggen.fused). Recomputing keeps memory lean (attention O(N * D) instead of
 O(N * keys per row)); saving is faster where memory is not the limit. Each layer call saves when the
 tensors it would keep are at most `save_limit()` bytes (`IMGGEN_SAVE_MB`, default 64 MiB; 0 =

@@ -2,7 +2,7 @@
 
 `model(tokens)` -> logits (B, N, 2**bits); logits[:, t] is the distribution of tokens[:, t] given
 tokens[:, :t] (and, for inpainting models, `context=model.make_context(images, masks)`: the known
-pixels on every side; see imggen.context). Internally the input at position t is the embedding of token t-1 (a learned start
+pixels on every side; see imggen.inpainting.context). Internally the input at position t is the embedding of token t-1 (a learned start
 vector at t = 0) plus factorised row/column/channel embeddings of position t, so the query at t
 predicts subpixel t and reads positions the layer's pattern allows.
 
@@ -16,10 +16,10 @@ import torch.nn as nn
 import torch.utils.checkpoint
 
 from imggen.config import ModelConfig
-from imggen.context import ContextEncoder, context_channels, make_context
+from imggen.inpainting.context import ContextEncoder, context_channels, make_context
 from imggen.errors import ShapeError
 from imggen.fused import ln_linear, ln_mlp
-from imggen.panels import native_step, step_linear
+from imggen.decode.panels import native_step, step_linear
 from imggen.patterns import Pattern
 from imggen.attention import forced_backend, sparse_attention
 from imggen.tokens import position_coords
@@ -65,7 +65,7 @@ class Attention(nn.Module):
 
     def step(self, x, t: int, cache, linear, ln):
         """x + attention(ln(x)) for x (B, dim) at position t, reading and updating `cache`;
-        linear as imggen.panels.step_linear gives it."""
+        linear as imggen.decode.panels.step_linear gives it."""
         qkv = linear(self.qkv, x, ln=ln).view(x.shape[0], 3, self.heads, self.head_dim)
         q, k, v = qkv.unbind(1)  # (B, H, D) each
         return linear(self.proj, cache.attend(q, k, v, t).reshape(x.shape[0], -1), add=x)
@@ -191,7 +191,7 @@ class ImageTransformer(nn.Module):
         """Logits (B, V) at position t given token t-1 (`prev`, (B,) long; None at t = 0);
         `features` = context_features(context) of a context-trained model, computed once."""
         fused = native_step(self, caches)
-        if fused is not None:  # imggen.native: the whole step in one call
+        if fused is not None:  # imggen.decode.native: the whole step in one call
             return fused.step(prev, t, self._features(features, t))
         if t == 0:
             x = self.start.expand(caches[0].batch, -1)

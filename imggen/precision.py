@@ -3,7 +3,7 @@
 `bf16` runs the training forward under `torch.autocast(dtype=torch.bfloat16)`: matrix products
 (linears, convolutions, the attention's batched matmuls) in bfloat16, while the master weights, the
 optimizer state, the loss, the softmax statistics and the LayerNorm statistics stay float32 (the
-layers in imggen.fused, imggen.blocked compute those in float32 themselves). Checkpoints stay
+layers in imggen.fused, imggen.attention.blocked compute those in float32 themselves). Checkpoints stay
 float32. `auto` is bf16 on CUDA and fp32 on CPUs: on an AVX-512 BF16 CPU bf16 trains 1.7-1.9x
 faster, but at equal steps it cost 0.025 bits/dim (demo, 600 steps, paired interval +0.023 to
 +0.028; bench/RESULTS.md section 13), over the 0.02 a default may give up, so there it is an

@@ -8,11 +8,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from imggen import native
+from imggen.decode import native
 from imggen.decode import make_caches
 from imggen.errors import ConfigError, ImggenError, ShapeError
 from imggen.model import check_range
-from imggen.panels import is_large
+from imggen.decode.panels import is_large
 from imggen.threads import decode_tick
 from imggen.tokens import detokenize_tokens
 

@@ -7,7 +7,7 @@ with 2 threads than with 1; bench/RESULTS.md section 8, shared cores). So every 
 cores busy (rechecked every CHECK_S seconds from the kernel's count of runnable threads, ours
 subtracted), with a one-line note the first time. Decoding (imggen.sampling calls `decode_tick`
 once per step) also rechecks, and in sample.py it uses a second core for batches of at least
-DECODE_MIN_BATCH sequences and for every batch of a model large enough for imggen.panels' weight
+DECODE_MIN_BATCH sequences and for every batch of a model large enough for imggen.decode.panels' weight
 panels (measured on the idle box, bench/panels.py, three runs: demo steps at batch 1 and 4
 0.93-1.11x as fast on two threads; brats-preset steps, whose panel GEMMs split over the cores,
 1.05-1.28x at batch 1 and 1.29-1.38x at batch 4).
@@ -91,7 +91,7 @@ def set_threads(n: int | None, kind: str) -> Governor:
 def decode_tick(batch: int, large: bool = False) -> None:
     """Once per decode step (imggen.sampling): keep the running CLI's governor current; sample.py
     decodes batches smaller than DECODE_MIN_BATCH on one thread unless the model is `large`
-    (imggen.panels.is_large)."""
+    (imggen.decode.panels.is_large)."""
     gov = _current
     if gov is None:
         return

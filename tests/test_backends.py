@@ -47,7 +47,7 @@ def test_flex_when_rows_read_fewer_blocks_than_there_are():
 
 def test_flex_block_mask_matches_the_pattern():
     """The BlockMask's blocks cover the mask exactly; its full blocks need no mask_mod."""
-    from imggen.flex import block_mask
+    from imggen.attention.flex import block_mask
     p = imggen.make_pattern("bigbird", block=32, window_blocks=2, random_blocks=2).for_layer(2)
     n, h = 300, 2
     bm = block_mask(p, n, h, "cpu")

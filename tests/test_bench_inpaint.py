@@ -116,7 +116,7 @@ def test_volume_context_of_a_25d_model():
     import torch
 
     from imggen.config import ModelConfig
-    from imggen.context import make_context
+    from imggen.inpainting.context import make_context
     from imggen.model import ImageTransformer
 
     m = ImageTransformer(ModelConfig(height=8, width=8, dim=16, layers=1, heads=2, attention="band", window=8,

@@ -331,9 +331,9 @@ def test_demo_neighbours_same_volume_honest_and_one_blob():
 
 
 def test_25d_training_masks_keep_the_2d_draw_and_cut_cylinders():
-    from imggen.batches import load_data
+    from imggen.training.batches import load_data
     from imggen.config import preset
-    from imggen.tasks import split_masks
+    from imggen.inpainting.tasks import split_masks
 
     cfg2, cfg25 = preset("brats-inpaint"), preset("brats-inpaint")
     cfg25.model.context_slices = 1
@@ -357,7 +357,7 @@ def test_25d_training_masks_keep_the_2d_draw_and_cut_cylinders():
 
 
 def test_real_brats_neighbours_are_the_case_slices_and_their_own_masks(tmp_path):
-    from imggen.tasks import neighbour_masks
+    from imggen.inpainting.tasks import neighbour_masks
 
     rng = np.random.default_rng(0)
     root = tmp_path / "BraTS2021"

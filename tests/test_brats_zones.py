@@ -85,8 +85,8 @@ def test_the_fills_cache_is_kept_and_a_damaged_file_is_computed_again(tmp_path, 
 
 
 def test_given_fills_reach_the_context_and_nan_rows_get_their_2d_fill():
-    from imggen.context import classic_fill, make_context
-    from imggen.tasks import split_fills
+    from imggen.inpainting.context import classic_fill, make_context
+    from imggen.inpainting.tasks import split_fills
 
     rng = np.random.default_rng(1)
     images = torch.from_numpy(rng.integers(0, 256, (3, 1, 8, 8), dtype=np.uint8))
@@ -105,7 +105,7 @@ def test_given_fills_reach_the_context_and_nan_rows_get_their_2d_fill():
 
 
 def test_biharmonic3d_needs_brats_demo():
-    from imggen.batches import load_data
+    from imggen.training.batches import load_data
     from imggen.config import preset
     from imggen.errors import ConfigError
 

@@ -159,7 +159,7 @@ def test_inpaint_task_end_to_end_with_folder_images(tmp_path):
 
 # ------------------------------------------------------------------ 2.5-D context (issue 28, item 4)
 def test_context_slices_against_a_plain_reference():
-    from imggen.context import make_context, slice_stacks
+    from imggen.inpainting.context import make_context, slice_stacks
 
     s, shape = 2, (1, 6, 7)
     g = torch.Generator().manual_seed(1)
@@ -231,7 +231,7 @@ def test_context_slices_model_config_and_old_configs(tmp_path):
 def test_classic_fill_channel_against_skimage():
     from skimage.restoration import inpaint_biharmonic
 
-    from imggen.context import classic_fill, context_channels, make_context
+    from imggen.inpainting.context import classic_fill, context_channels, make_context
 
     g = torch.Generator().manual_seed(3)
     images = torch.randint(0, 256, (3, 1, 9, 10), dtype=torch.uint8, generator=g)

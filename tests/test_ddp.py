@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from imggen.config import Config, DataConfig, ModelConfig, TrainConfig
-from imggen.tasks import ddp_mask_norm, inpaint_inputs, token_mask
+from imggen.inpainting.tasks import ddp_mask_norm, inpaint_inputs, token_mask
 from imggen.tokens import tokenize
 from imggen.training import Run, _dist_setup, batch_indices, build_model_and_optimizer, \
     next_batch, train, train_step

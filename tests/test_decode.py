@@ -6,14 +6,14 @@ import torch
 
 import imggen.decode as dec
 import imggen.model
-import imggen.native
-import imggen.panels
+import imggen.decode.native
+import imggen.decode.panels
 import imggen.sampling as sampling
 from imggen.decode import make_cache, make_caches
 from imggen.config import ModelConfig
 from imggen.errors import ConfigError, ImggenError, ShapeError
 from imggen.model import ImageTransformer
-from imggen.panels import panel_linear
+from imggen.decode.panels import panel_linear
 from imggen.patterns import make_pattern
 from imggen.sampling import generate, inpaint, sample, teacher_force
 
@@ -48,9 +48,9 @@ def _model(channels, seed=0, height=5, width=7, **kw):
 
 
 def _native_or_debug(path, monkeypatch):
-    """path "native": the debug checks off, so that steps run in imggen.native's one-call step."""
+    """path "native": the debug checks off, so that steps run in imggen.decode.native's one-call step."""
     if path == "native":
-        if not imggen.native.available():
+        if not imggen.decode.native.available():
             pytest.skip("no native kernels here (no C compiler)")
         monkeypatch.setattr(dec, "DEBUG", False)
 
@@ -60,18 +60,18 @@ def _native_or_debug(path, monkeypatch):
 @pytest.mark.parametrize("case", list(CASES))
 def test_teacher_force_parity(case, channels, linear, monkeypatch):
     """Decode steps give the forward's logits; "layers": the PyTorch layers; "panels": their
-    linears through weight panels (imggen.panels' PyTorch path), 12 columns wide so that most
-    layers end in a padded panel; "native": imggen.native's kernels (the caches' debug checks off,
+    linears through weight panels (imggen.decode.panels' PyTorch path), 12 columns wide so that most
+    layers end in a padded panel; "native": imggen.decode.native's kernels (the caches' debug checks off,
     which keep a step on the PyTorch path)."""
     if linear == "native":
-        if not imggen.native.available():
+        if not imggen.decode.native.available():
             pytest.skip("no native kernels here (no C compiler)")
         monkeypatch.setattr(dec, "DEBUG", False)
     else:
-        monkeypatch.setattr(imggen.native, "available", lambda: False)
+        monkeypatch.setattr(imggen.decode.native, "available", lambda: False)
     if linear == "panels":
-        monkeypatch.setattr(imggen.panels, "MIN_BYTES", 0)
-        monkeypatch.setattr(imggen.panels, "PANEL", 12)
+        monkeypatch.setattr(imggen.decode.panels, "MIN_BYTES", 0)
+        monkeypatch.setattr(imggen.decode.panels, "PANEL", 12)
     model = _model(channels, **CASES[case])
     x = torch.randint(0, 16, (2, model.config.seq_len), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -250,16 +250,16 @@ def test_draws_follow_the_softmax_and_never_pick_what_top_k_drops():
 
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 def test_native_draws_equal_the_pytorch_draws(temperature, monkeypatch):
-    """sample() draws through imggen.native.draw where it can; the PyTorch draw (_pick, _loglik)
+    """sample() draws through imggen.decode.native.draw where it can; the PyTorch draw (_pick, _loglik)
     gives the same images and log-likelihoods, unconditional and with known pixels."""
-    if not imggen.native.available():
+    if not imggen.decode.native.available():
         pytest.skip("no native kernels here (no C compiler)")
     model = _model(3, **CASES["local2d"])
     n = model.config.seq_len
     known = torch.randint(0, 16, (4, n), generator=torch.Generator().manual_seed(2))
     mask = torch.rand(4, n, generator=torch.Generator().manual_seed(3)) < 0.5
     calls = []
-    monkeypatch.setattr(imggen.native, "draw", lambda *a, _d=imggen.native.draw: calls.append(1) or _d(*a))
+    monkeypatch.setattr(imggen.decode.native, "draw", lambda *a, _d=imggen.decode.native.draw: calls.append(1) or _d(*a))
     fast = [sample(model, 4, seed=1, temperature=temperature, return_logprob=True),
             sample(model, 4, known, mask, seed=1, temperature=temperature, return_logprob=True)]
     assert calls
@@ -353,7 +353,7 @@ def test_decode_attention_matches_the_kernel_reference():
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("rows", [1, 5, 16])
 def test_panel_linear_equals_the_layer(rows, bias):
-    """Decode-step linears through weight panels (imggen.panels) equal the layer and leave
+    """Decode-step linears through weight panels (imggen.decode.panels) equal the layer and leave
     autograd and batches above the threads' share to the layer."""
     torch.manual_seed(rows)
     layer, store = torch.nn.Linear(37, 45, bias=bias), {}  # 45 outputs: the last panel is padded
@@ -361,7 +361,7 @@ def test_panel_linear_equals_the_layer(rows, bias):
     with torch.no_grad():
         torch.testing.assert_close(panel_linear(layer, x, store), layer(x), rtol=1e-5, atol=1e-6)
         assert layer in store  # the panel path ran
-        big, fresh = torch.randn(imggen.panels.ROWS_PER_THREAD * torch.get_num_threads() + 1, 37), {}
+        big, fresh = torch.randn(imggen.decode.panels.ROWS_PER_THREAD * torch.get_num_threads() + 1, 37), {}
         torch.testing.assert_close(panel_linear(layer, big, fresh), layer(big))
         assert not fresh
     xg = x.clone().requires_grad_()
@@ -372,7 +372,7 @@ def test_panel_linear_equals_the_layer(rows, bias):
 def test_each_decoding_run_packs_the_weights_of_its_start(monkeypatch):
     """Panels belong to a run's caches: weights changed between runs, even through .data (which
     no version counter sees), are what the next run decodes with."""
-    monkeypatch.setattr(imggen.panels, "MIN_BYTES", 0)
+    monkeypatch.setattr(imggen.decode.panels, "MIN_BYTES", 0)
     model = _model(1, attention="band", window=6)
     x = torch.randint(0, 16, (2, model.config.seq_len), generator=torch.Generator().manual_seed(1))
     for scale in (1.0, -3.0):

@@ -19,10 +19,10 @@ import torch
 
 import imggen
 import imggen.checkpoint as ck
-from imggen import runlock
+from imggen.training import runlock
 from imggen.cli import sample_main, train_main
 from imggen.errors import RunBusy
-from imggen.runlock import RunLock
+from imggen.training.runlock import RunLock
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--preset", "brats", "--data", "brats-demo", "--model.height", "8", "--model.width", "8",
@@ -31,7 +31,7 @@ SMALL = ["--preset", "brats", "--data", "brats-demo", "--model.height", "8", "--
          "--train.log_every", "1", "--train.eval_every", "1000", "--train.ckpt_every", "2", "--no-progress",
          "--train.grid_time_frac", "0", "--threads", "1"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-HOLD = "import sys, time; from imggen.runlock import RunLock; RunLock(sys.argv[1]).acquire(); print('held', flush=True); " \
+HOLD = "import sys, time; from imggen.training.runlock import RunLock; RunLock(sys.argv[1]).acquire(); print('held', flush=True); " \
        "time.sleep(300)"
 
 
@@ -232,7 +232,7 @@ def _inject(monkeypatch, site):
     from PIL import Image
     from torch.utils.tensorboard import SummaryWriter
 
-    from imggen import runlog
+    from imggen.training import runlog
     if site == "weights":
         real = ck.save_file
         monkeypatch.setattr(ck, "save_file", lambda w, p, metadata: _enospc() if metadata["step"] == "4"
@@ -464,7 +464,7 @@ def test_a_damaged_molecules_npz_is_rebuilt_with_one_note(tmp_path, capfd, damag
 def test_a_damaged_native_library_is_rebuilt_with_one_note(tmp_path, monkeypatch, capfd):
     import shutil
 
-    from imggen import native
+    from imggen.decode import native
     if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler")
     monkeypatch.setenv("IMGGEN_CACHE_DIR", str(tmp_path))

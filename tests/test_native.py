@@ -1,4 +1,4 @@
-"""imggen.native's C decode kernels against their PyTorch references (fresh random inputs, awkward
+"""imggen.decode.native's C decode kernels against their PyTorch references (fresh random inputs, awkward
 sizes), and the fallback when they cannot be built."""
 import os
 import subprocess
@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 
-import imggen.native as native
+import imggen.decode.native as native
 from imggen.decode import decode_attention_reference
-from imggen.panels import _pack, reference_linear
+from imggen.decode.panels import _pack, reference_linear
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no native kernels here (no C compiler)")
 
@@ -120,7 +120,7 @@ def test_attend_row_with_nothing_to_read_is_zero():
 
 
 _FALLBACK = """
-import warnings, torch, imggen.native as native
+import warnings, torch, imggen.decode.native as native
 from imggen.model import ImageTransformer
 from imggen.config import ModelConfig
 from imggen.sampling import teacher_force

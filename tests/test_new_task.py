@@ -1,5 +1,5 @@
 """A task defined here, in the test file alone, trains, evaluates and draws its grid through the
-training loop: proof that a new task is one subclass (imggen.tasks.Task) and no edits elsewhere."""
+training loop: proof that a new task is one subclass (imggen.inpainting.tasks.Task) and no edits elsewhere."""
 import math
 
 import numpy as np
@@ -9,7 +9,7 @@ import torch
 import imggen
 from imggen.config import Config, DataConfig, ModelConfig, TrainConfig
 from imggen.errors import ConfigError
-from imggen.tasks import TASKS, Task
+from imggen.inpainting.tasks import TASKS, Task
 from imggen.tokens import tokenize
 from imggen.training import train
 

@@ -173,7 +173,7 @@ def test_sparse_attention_input_errors():
 
 def test_cpu_backend_masks_are_not_quadratic():
     """The blocked backend's masks hold n * keys-per-row entries (gather) or a few tiles (band), not n * n."""
-    from imggen.blocked import make_windows
+    from imggen.attention.blocked import make_windows
     band = make_windows(imggen.make_pattern("band", window=64), 4096, 2, 64)
     assert band.first.numel() + band.steady.numel() <= 3 * 64 * 128
     gather = make_windows(imggen.make_pattern("bigbird", block=64, window_blocks=2, random_blocks=1), 4096, 2, 64)

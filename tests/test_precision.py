@@ -12,11 +12,11 @@ from imggen.attention import sparse_attention
 from imggen.checkpoint import find_checkpoint, read_notes
 from imggen.cli import config_from_args
 from imggen.config import Config, PRESETS, preset
-from imggen.context import ContextEncoder
+from imggen.inpainting.context import ContextEncoder
 from imggen.errors import CheckpointError, ConfigError
 from imggen.fused import ln_linear, ln_mlp
 from imggen.patterns import make_pattern
-from imggen.regress import HoleRegressor, hole_loss, train_regressor
+from imggen.inpainting.regress import HoleRegressor, hole_loss, train_regressor
 from imggen.training import train
 
 from test_model_training import run_cfg, synthetic_splits

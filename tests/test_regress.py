@@ -1,13 +1,13 @@
-"""imggen.regress: the regression-only inpainting baseline (context encoder + pixel head)."""
+"""imggen.inpainting.regress: the regression-only inpainting baseline (context encoder + pixel head)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from imggen.context import make_context
+from imggen.inpainting.context import make_context
 from imggen.errors import CheckpointError, ConfigError
-from imggen.regress import HoleRegressor, hole_loss, load, predict, save, train_regressor
+from imggen.inpainting.regress import HoleRegressor, hole_loss, load, predict, save, train_regressor
 
 
 def _data(n=16, h=16, w=16, seed=0):

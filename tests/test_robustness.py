@@ -306,7 +306,7 @@ def test_unknown_backend_and_cache_kind_are_config_errors():
 def test_flex_on_cpu_rejects_float64_in_one_line(monkeypatch):
     """FlexAttention's CPU lowering takes float32 / float16 / bfloat16: float64 is a ShapeError
     before anything is compiled (it used to fail inside Inductor with a long traceback)."""
-    import imggen.flex as F
+    import imggen.attention.flex as F
     monkeypatch.setattr(F, "_compiled", lambda: pytest.fail("compiled before the dtype check"))
     q = torch.randn(1, 2, 40, 16, dtype=torch.float64)
     with pytest.raises(ShapeError) as e, torch.no_grad():
@@ -320,7 +320,7 @@ def test_flex_warns_once_when_torch_stops_compiling(monkeypatch):
     logs it: the flex backend turns that log record into one RuntimeWarning."""
     import logging
     import warnings
-    import imggen.flex as F
+    import imggen.attention.flex as F
 
     def fake_compiled_flex(q, k, v, block_mask):  # what dynamo does at the limit: log, run eagerly
         logging.getLogger(F._DYNAMO_LOG).warning("torch._dynamo hit config.%s (%s)\n   function: x",
@@ -345,7 +345,7 @@ def test_flex_recompile_limit_warning_from_real_torch_compile():
     windows; the results stay right and one imggen warning says compiling stopped."""
     code = """if 1:
         import warnings, torch, torch._dynamo, imggen
-        from imggen import flex
+        from imggen.attention import flex
         flex._compiled()
         torch._dynamo.config.recompile_limit = 1
         q = torch.randn(1, 2, 40, 16)

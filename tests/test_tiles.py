@@ -1,13 +1,13 @@
-"""local2d in 2-D query tiles (imggen.tiles) on the cpu backend against the dense reference."""
+"""local2d in 2-D query tiles (imggen.attention.tiles) on the cpu backend against the dense reference."""
 import math
 
 import pytest
 import torch
 
 import imggen
-from imggen import windows
-from imggen.blocked import BandWindows, cpu_attention, make_windows
-from imggen.tiles import TileWindows, choose_tile, fits
+from imggen.attention import windows
+from imggen.attention.blocked import BandWindows, cpu_attention, make_windows
+from imggen.attention.tiles import TileWindows, choose_tile, fits
 
 
 def local2d(h, w, c, r, s=1):

@@ -4,9 +4,9 @@ Queries run in blocks of Bq; each query block reads one window of key rows:
 * `BandWindows` for patterns with a `band()` shape (band, local2d): contiguous windows of the
   left-padded keys (strided views, no copy), Bq a multiple of the pattern's period so that one
   (Bq, span) mask serves every block after the first few (whose masks are exact).
-* `TileWindows` (imggen.tiles) for raster neighbourhoods (local2d) where they pay: query blocks
+* `TileWindows` (imggen.attention.tiles) for raster neighbourhoods (local2d) where they pay: query blocks
   are 2-D pixel tiles reading the tile grown by r rows above and r pixels either side; band
-  windows remain for small images (`imggen.tiles.choose_tile` says where the crossover is).
+  windows remain for small images (`imggen.attention.tiles.choose_tile` says where the crossover is).
 * `GatherWindows` for any pattern: the key blocks its `block_plan` names, gathered per block,
   with a (HL, nqb, Bq, span) mask from the rule.
 Masks are additive float biases (0 / -inf): adding one costs a tenth of a masked_fill_. In bf16
@@ -37,8 +37,8 @@ from imggen.fused import wide
 from imggen.memory import saves
 from imggen.patterns import Pattern
 from imggen.precision import compute_dtype
-from imggen.tiles import TileWindows, choose_tile
-from imggen.windows import Windows, additive_mask, in_dtype  # noqa: F401  (additive_mask: imported from here)
+from imggen.attention.tiles import TileWindows, choose_tile
+from imggen.attention.windows import Windows, additive_mask, in_dtype  # noqa: F401  (additive_mask: imported from here)
 
 DEFAULT_BLOCK = 64
 
@@ -147,7 +147,7 @@ def _gather_bias(pattern: Pattern, n: int, heads: int, block: int) -> torch.Tens
 
 
 def make_windows(pattern: Pattern, n: int, heads: int, block: int = DEFAULT_BLOCK, tile="auto") -> Windows:
-    """Tiles (imggen.tiles) for raster patterns where they pay (`tile`: "auto", a (ty, tx) shape,
+    """Tiles (imggen.attention.tiles) for raster patterns where they pay (`tile`: "auto", a (ty, tx) shape,
     or None for band / gathered windows), else band windows, else gathered key blocks."""
     if tile == "auto":
         tile = choose_tile(pattern, math.prod(band_blocks(pattern, n, block)) if pattern.band() else None)

@@ -5,7 +5,12 @@ AdamW step: bf16 autocast as --train.precision says, clipping, a clear error on 
 (log, validation bits/dim, sample grids, atomic checkpoints) -> `finish` (test bits/dim, final
 grid). `--resume` restores weights, optimizer, RNG state and the data position exactly; SIGINT /
 SIGTERM finish the current step, save a checkpoint and exit with code 130. The data and the order
-of the batches are imggen.batches'; the log rows, the stop signal and the sample grids imggen.runlog's.
+of the batches are imggen.training.batches'; the log rows, the stop signal and the sample grids imggen.training.runlog's.
+
+The package: the loop (this module), the data and the order of the batches (`batches`), the run log,
+the stop signal and the sample grids (`runlog`), and the run folder's lock (`runlock`). May import
+everything below it (config, model, checkpoint, sampling, imggen.eval, imggen.inpainting, datasets, the
+base modules); only the CLIs import it (tests/test_layout.py: LAYERS).
 """
 from __future__ import annotations
 
@@ -26,11 +31,11 @@ from imggen.config import Config
 from imggen.errors import CheckpointError, ConfigError, Interrupted, StorageError, TrainingError, WorkerLost
 from imggen.model import ImageTransformer
 from imggen.precision import autocast, describe, resolve
-from imggen.batches import batch_indices, load_data, unigram_bpd
-from imggen.runlock import RunLock
+from imggen.training.batches import batch_indices, load_data, unigram_bpd
+from imggen.training.runlock import RunLock
 from imggen.storage import atomic_write_text
-from imggen.runlog import Logger, StopSignal, final_grid, final_metrics, sample_grid
-from imggen.tasks import TASKS
+from imggen.training.runlog import Logger, StopSignal, final_grid, final_metrics, sample_grid
+from imggen.inpainting.tasks import TASKS
 
 LN2 = math.log(2.0)
 
@@ -64,7 +69,7 @@ def train_step(model, opt, x: torch.Tensor, step: int, cfg: Config, device, loss
     returns the loss in bits/dim (TrainingError if the loss or the gradient norm is not finite).
 
     The masked loss is the sum of the masked NLL over `mask_norm`: by default this batch's mask count
-    (its mean). Under DDP, which averages the processes' gradients, pass `imggen.tasks.ddp_mask_norm(...)` of the
+    (its mean). Under DDP, which averages the processes' gradients, pass `imggen.inpainting.tasks.ddp_mask_norm(...)` of the
     global batch (its mask count / the number of processes): the gradient is then that of the global
     batch's mean, as one process would compute it, whatever each process's own share of the mask;
     the returned values, averaged over the processes, are the global batch's loss."""
@@ -241,7 +246,7 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
     """Train `cfg` into run directory `out`. Returns final metrics. `data` = pre-tokenised splits;
     `governor` (imggen.threads) adapts the CPU thread count as other processes come and go.
 
-    The process that writes `out` (rank 0) holds its lock (imggen.runlock) from before the first
+    The process that writes `out` (rank 0) holds its lock (imggen.training.runlock) from before the first
     write to the end: a folder another live run holds is RunBusy. A write that fails for want of
     storage is one StorageError naming the path, the last good checkpoint and the --resume command."""
     lock = RunLock(out).acquire() if int(os.environ.get("RANK", "0")) == 0 else None

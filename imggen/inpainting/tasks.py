@@ -3,7 +3,7 @@ pixels of a voided image, seeing its known pixels through the model's context).
 
 Inpainting masks: the data's own masks where it has them (BraTS inpainting masks, the brats-demo
 challenge-like sections of 3-D blobs, imggen.datasets.brats_masks), for half the images of a
-batch, and random lesion-like blobs, rectangles and strokes (imggen.context.random_masks) for the
+batch, and random lesion-like blobs, rectangles and strokes (imggen.inpainting.context.random_masks) for the
 rest and for data without masks. They are drawn from (seed, step) so `--resume` continues exactly;
 evaluation uses fixed masks per split: the data's own for every image that has one.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from imggen.context import random_masks
+from imggen.inpainting.context import random_masks
 from imggen.errors import ConfigError
 
 DATA_MASK_FRACTION = 0.5
@@ -117,7 +117,7 @@ TASKS: dict[str, Task] = {}
 def register_task(task: Task) -> Task:
     """Make `task` available as train.task / --task task.name."""
     if not isinstance(task, Task) or not task.name:
-        raise ConfigError(f"a task is an imggen.tasks.Task with a name, got {task!r}")
+        raise ConfigError(f"a task is an imggen.inpainting.tasks.Task with a name, got {task!r}")
     TASKS[task.name] = task
     return task
 
@@ -170,10 +170,10 @@ def eval_masks(seed: int, split: str, n: int, data_masks, h: int, w: int, neighb
 
 def split_masks(cfg, splits: dict, split: str, n: int, step: int | None = None, idx=None) -> tuple:
     """(masks, neighbours) of images `idx` (training, at `step`) or of the first n (evaluation) of a
-    split of imggen.batches.load_data: bool (B, H, W) and None, or for a 2.5-D context model
+    split of imggen.training.batches.load_data: bool (B, H, W) and None, or for a 2.5-D context model
     (cfg.model.context_slices = s) bool (B, 2s+1, H, W) and the uint8 slices z-s..z+s (B, 2s+1, C, H, W)
-    (imggen.context.slice_stacks: a slice outside the volume zero and all unknown)."""
-    from imggen.context import slice_stacks
+    (imggen.inpainting.context.slice_stacks: a slice outside the volume zero and all unknown)."""
+    from imggen.inpainting.context import slice_stacks
     from imggen.tokens import detokenize_tokens
 
     m, s = cfg.model, cfg.model.context_slices
@@ -216,7 +216,7 @@ def neighbour_masks(splits: dict, split: str, idx, nbrs, h: int, w: int) -> np.n
 
 def split_fills(splits: dict, split: str, idx, masks) -> torch.Tensor | None:
     """The holes' given classic fills of images idx (model.context_fill biharmonic3d: their 3-D fills,
-    imggen.batches.load_data) as float (B, C, H, W), a NaN row where an image was not given its data
+    imggen.training.batches.load_data) as float (B, C, H, W), a NaN row where an image was not given its data
     mask (a random mask: its 2-D fill is made with the context); None without given fills."""
     fills = splits.get(split + "_fills")
     if fills is None:

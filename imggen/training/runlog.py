@@ -8,7 +8,7 @@ import os
 import signal
 
 from imggen.storage import atomic_write_text, writing
-from imggen.tasks import TASKS
+from imggen.inpainting.tasks import TASKS
 
 GRID_MIN_S = 5.0  # the end-of-run grid may always take this long
 

@@ -1,10 +1,10 @@
 """The BraTS inpainting winners' recipe, as a baseline: the context encoder alone, regressing the hole.
 
 `HoleRegressor` is the inpainting model's `ContextEncoder` (the same non-causal U-Net over the
-voided image + mask, and with `fill` "biharmonic" the hole's classic fill, imggen.context) with a
+voided image + mask, and with `fill` "biharmonic" the hole's classic fill, imggen.inpainting.context) with a
 small head (GELU, 1x1 convolution) that predicts every pixel's value directly, in the context's
 units ([-1, 1]). It is trained with an L1 or MSE loss on the hole pixels only (`hole_loss`), on the
-masks the context model trains on (imggen.tasks.training_masks: the data's own for half a batch,
+masks the context model trains on (imggen.inpainting.tasks.training_masks: the data's own for half a batch,
 random blobs / rectangles / strokes for the rest; with `augment`, the training warps of
 imggen.augment), and fills a hole in one forward pass (`predict`): a point estimate (MSE: the
 conditional mean; L1: the conditional median), no samples, no uncertainty.
@@ -23,10 +23,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from imggen.augment import augment as augment_batch
-from imggen.context import ContextEncoder, make_context
+from imggen.inpainting.context import ContextEncoder, make_context
 from imggen.errors import CheckpointError, ConfigError
 from imggen.precision import autocast
-from imggen.tasks import training_masks
+from imggen.inpainting.tasks import training_masks
 
 LOSSES = ("mse", "l1")
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from imggen.blocked import additive_mask
+from imggen.attention.blocked import additive_mask
 from imggen.errors import ConfigError
 from imggen.patterns import Pattern
 

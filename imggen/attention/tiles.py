@@ -2,7 +2,7 @@
 
 A query block is a patch of ty x tx pixels (ty * tx * C tokens, channels interleaved per pixel);
 its keys are the patch grown by r rows above and r pixels on each side: (ty + r) x (tx + 2r)
-pixels. A band window (imggen.blocked.BandWindows) reads about r * W * C + Bq keys per query
+pixels. A band window (imggen.attention.blocked.BandWindows) reads about r * W * C + Bq keys per query
 block instead, so tiles do less work once an image row is long beside the tile.
 
 Key layout: slice c's keys sit in one flat run of the buffer, position p at row
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from imggen.patterns import Pattern
-from imggen.windows import Windows, additive_mask, in_dtype
+from imggen.attention.windows import Windows, additive_mask, in_dtype
 
 
 class TileWindows(Windows):

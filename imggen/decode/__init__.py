@@ -25,6 +25,11 @@ preallocated slots updated in place; `positions[slot]` records which token posit
 * head groups (strided): one cache per group of heads.
 Debug mode (`IMGGEN_CACHE_DEBUG=1` or `imggen.decode.DEBUG = True`) checks `last_reads` against
 `pattern.mask`, every slot reuse, and that no query reads an evicted position.
+
+The package: the caches (this module), their slot and read plans (`plans`), the weight panels of
+one-token linears (`panels`) and the native C step kernels (`native`, `native.c`). May import:
+imggen.attention, imggen.patterns and the base modules; the model and sampling import it, never the
+reverse (tests/test_layout.py: LAYERS).
 """
 from __future__ import annotations
 
@@ -33,14 +38,14 @@ import os
 import numpy as np
 import torch
 
-from imggen import native
+from imggen.decode import native
 # one query against a cache: the reference and the Triton kernel's dispatch live with attention's
 from imggen.attention import (attention_probs, decode_attention, decode_attention_reference,  # noqa: F401
                               decode_probs, decode_selfcheck)
-from imggen.blocked import additive_mask
+from imggen.attention.blocked import additive_mask
 from imggen.errors import ConfigError
 from imggen.patterns import Pattern
-from imggen.plans import (EXTEND_BYTES, MIN_PLAN_STEPS, PLAN_STEPS, ReadPlan, SlotPlan,  # noqa: F401 - see plans
+from imggen.decode.plans import (EXTEND_BYTES, MIN_PLAN_STEPS, PLAN_STEPS, ReadPlan, SlotPlan,  # noqa: F401 - see plans
                           read_plan, slot_plan, true_last_reads)
 
 DEBUG = os.environ.get("IMGGEN_CACHE_DEBUG", "") not in ("", "0")
@@ -74,7 +79,7 @@ class Cache:
         self._slots, self._hi = self.plan.slots.tolist(), self.plan.hi.tolist()
         self.reads: ReadPlan | None = None
         self.debug = DEBUG
-        # whether steps go through imggen.native (begin(), then its kernel stores k, v and attends):
+        # whether steps go through imggen.decode.native (begin(), then its kernel stores k, v and attends):
         # float32 on CPU, not diffusion, not debugging; else the PyTorch path
         self.fused = self.k.device.type == "cpu" and dtype == torch.float32 and self.z is None \
             and not self.debug and native.available()
@@ -270,7 +275,7 @@ class Cache:
         self.v[:, :, slots] = v[:, :, pos].to(self.v.dtype)
         self.positions[slots] = pos
         if self.z is not None:
-            from imggen.blocked import diffusion_states
+            from imggen.attention.blocked import diffusion_states
             for s, z in enumerate(diffusion_states(q, k, v, self.pattern)):
                 self.z[s][:, :, slots] = z[:, :, pos].to(self.z.dtype)
 
@@ -354,7 +359,7 @@ def make_cache(pattern: Pattern, batch: int, heads: int, head_dim: int, n: int, 
 
 class Caches(list):
     """The caches of one decoding run, one per layer, and what the run packs once (`packed`:
-    imggen.panels' weight panels per Linear, and under "large" whether the model uses them)."""
+    imggen.decode.panels' weight panels per Linear, and under "large" whether the model uses them)."""
 
     def __init__(self, caches):
         super().__init__(caches)

@@ -6,9 +6,9 @@ Z(k+1) = (1 - alpha) A Z(k) + alpha V, output Z(steps).
 
 Backends
 * `reference`: dense masked softmax (pass float64 for an exact oracle). Slow, obviously right.
-* `cpu`: blocked PyTorch (imggen.blocked), the default on CPU.
+* `cpu`: blocked PyTorch (imggen.attention.blocked), the default on CPU.
 * `triton`: kernels in `imggen.kernels` (CUDA, or CPU tensors under TRITON_INTERPRET=1).
-* `flex`: torch's FlexAttention with a BlockMask from the pattern's layout (imggen.flex).
+* `flex`: torch's FlexAttention with a BlockMask from the pattern's layout (imggen.attention.flex).
 * `auto`: on CUDA the Triton kernels once a first-use self-check against the reference passes for
   that (pattern kind, dtype, head dim), flex otherwise (one warning); cpu on CPU.
 `IMGGEN_BACKEND=triton|flex|cpu|reference` forces one backend everywhere (no self-check).
@@ -16,6 +16,12 @@ Patterns with `head_groups` (strided) run each group of heads as its own pattern
 
 Decoding reads one query against a cache: `decode_attention` (the Triton decode kernel on CUDA once
 its first-use check passes, else `decode_attention_reference`), called by imggen.decode's caches.
+
+The package: this dispatch and the references; the cpu backend (`blocked`, with `tiles` and `windows`:
+local2d's 2-D query tiles and the band windows it reads); the flex backend (`flex`). The Triton backend
+is imggen.kernels (kernels/), which reads `decode_attention_reference` back for its self-check, so the
+two are one layer. May import: imggen.patterns, imggen.kernels and the base modules (errors, memory,
+precision, fused); never decode, the model or anything above them (tests/test_layout.py: LAYERS).
 """
 from __future__ import annotations
 
@@ -57,13 +63,13 @@ def _run(backend, q, k, v, pattern, kw):
     if backend == "reference":
         return reference_attention(q, k, v, pattern)
     if backend == "cpu":
-        from imggen.blocked import cpu_attention
+        from imggen.attention.blocked import cpu_attention
         return cpu_attention(q, k, v, pattern, **kw)
     if backend == "triton":
         from imggen import kernels
         return kernels.sparse_attention(q, k, v, pattern, **kw)
     if backend == "flex":
-        from imggen.flex import flex_attention
+        from imggen.attention.flex import flex_attention
         return flex_attention(q, k, v, pattern)
     raise ConfigError(f"unknown backend {backend!r} (argument backend); choose one of {', '.join(BACKENDS)}")
 
@@ -99,7 +105,7 @@ def decode_probs(q, k, key_bias=None) -> torch.Tensor:
 def decode_attention_reference(q, k_cache, v_cache, key_bias=None) -> torch.Tensor:
     """One query per (batch, head) against cache slots in any order: q (B, H, D), k_cache, v_cache
     (B, H, L, D), key_bias None or additive float (B or 1, H or 1, L) -> (B, H, D). The reference
-    of imggen.kernels.decode_attention, imggen.native.attend and the PyTorch decode path."""
+    of imggen.kernels.decode_attention, imggen.decode.native.attend and the PyTorch decode path."""
     return torch.matmul(decode_probs(q, k_cache, key_bias), v_cache)[:, :, 0]
 
 

@@ -1,11 +1,11 @@
-/* imggen's CPU decode kernels (float32), built on first use by imggen/native.py with the
+/* imggen's CPU decode kernels (float32), built on first use by imggen/decode/native.py with the
  * machine's C compiler (-O3 -march=native -fopenmp) and called through ctypes. Their OpenMP
  * regions run on the runtime torch has already loaded (same soname), so torch.set_num_threads
- * applies. The PyTorch code they replace is their reference (imggen.panels.reference_linear,
+ * applies. The PyTorch code they replace is their reference (imggen.decode.panels.reference_linear,
  * imggen.decode.decode_attention_reference); tests/test_native.py compares them.
  *
  * imggen_linear: y (M, N) = [add +] act(LN(x) @ W^T + bias), W^T held as panels
- *   (ceil(N/16), K, 16) (imggen.panels): 16 rows of x against one panel keep 16 accumulators of 16
+ *   (ceil(N/16), K, 16) (imggen.decode.panels): 16 rows of x against one panel keep 16 accumulators of 16
  *   columns in registers and read the panel once, front to back.
  * imggen_attend: one query per (batch, head) against cache slots (all of [0, nread), or gathered by
  *   an index per head), additive bias, softmax, weighted sum of values; optionally storing the new
@@ -22,7 +22,7 @@
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef int32_t vi16 __attribute__((vector_size(64), aligned(4)));
-#define P 16    /* panel width = imggen.panels.PANEL */
+#define P 16    /* panel width = imggen.decode.panels.PANEL */
 #define R 16    /* rows of x per register block */
 #define MAXD 256 /* head dims up to this keep the output row in registers */
 #ifndef PF
@@ -322,7 +322,7 @@ int imggen_attend(const float *q, const float *knew, const float *vnew, int64_t 
     return failed ? -1 : 0;
 }
 
-/* One decoder layer of imggen.model.Block (its weights as imggen.panels packs them) and its cache's
+/* One decoder layer of imggen.model.Block (its weights as imggen.decode.panels packs them) and its cache's
  * read plan (imggen.decode.Cache): position t takes slot slots[t] (recorded in positions[slot]) and
  * its query reads either the slots [0, hi[t]) (hi not NULL: an unmasked ring), or row t - t0 of a
  * plan that covers the steps [t0, t1): index NULL (slots [0, nread)) or (t1 - t0, index_heads, nread)

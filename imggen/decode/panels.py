@@ -7,7 +7,7 @@ the weights of a brats-preset step (25 MB) at 2-3 GB/s, while a plain sum stream
 contiguous (in, PANEL) block, and runs one batched GEMM over the panels, every panel read front to
 back: at 16 rows those linears ran 1.40-1.64x faster on two threads, 0.90-1.31x on one (three
 runs, bench/RESULTS.md section 8). The copy is made once per decoding run and held by its caches,
-so a run always sees the weights of its start. Where imggen.native's kernels are available, the
+so a run always sees the weights of its start. Where imggen.decode.native's kernels are available, the
 panels feed them instead of `baddbmm` (`panel_linear`), and `native_step` hands a model's whole
 decode step (embedding, blocks and head) to one native call.
 """
@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from imggen import native
+from imggen.decode import native
 
 # measured (bench/RESULTS.md section 8): 16 columns beat 32 and 64 in brats-preset steps (1 and 2
 # threads); bench/panels.py, three runs: panels win up to 16 rows per thread (1 thread, 16 rows:
@@ -40,7 +40,7 @@ def panel_linear(layer: nn.Linear, x: torch.Tensor, store: dict, ln: nn.LayerNor
                  act: bool = False, add: torch.Tensor | None = None) -> torch.Tensor:
     """reference_linear(layer, x, ln, act, add) for x (M, in): through the layer's weight panels
     (packed into `store` on first use) on CPU outside autograd for M <= ROWS_PER_THREAD * threads,
-    in imggen.native's kernel where it is available (float32), else the reference."""
+    in imggen.decode.native's kernel where it is available (float32), else the reference."""
     m = x.shape[0]
     if x.device.type != "cpu" or x.dim() != 2 or m > ROWS_PER_THREAD * torch.get_num_threads() \
             or torch.is_grad_enabled():
@@ -80,7 +80,7 @@ def step_linear(model: nn.Module, caches):
     """linear(layer, x, ln=None, act=False, add=None) for the decode steps of `model` through
     `caches` (imggen.decode.make_caches): panel_linear, its panels held by the caches for that
     decoding run (whose keys and values are tied to the weights of that moment too), where
-    imggen.native's kernels are available or the model's Linear weights exceed MIN_BYTES (PyTorch
+    imggen.decode.native's kernels are available or the model's Linear weights exceed MIN_BYTES (PyTorch
     panels, decode steps at batch 16 on 2 threads, three runs: 3.3 MB of weights 0.92-0.94x the
     speed, 7.3 MB 1.00-1.15x, 25 MB 1.05-1.29x); else reference_linear."""
     store = getattr(caches, "packed", None)
@@ -93,7 +93,7 @@ def step_linear(model: nn.Module, caches):
 
 
 def native_step(model: nn.Module, caches):
-    """imggen.native.ModelStep for the decode steps of `model` through `caches` (its weights packed
+    """imggen.decode.native.ModelStep for the decode steps of `model` through `caches` (its weights packed
     once into the caches' store), or None where some layer cannot take it (not float32 on CPU, a
     diffuser or grouped cache, debugging, no native kernels, autograd on)."""
     store = getattr(caches, "packed", None)

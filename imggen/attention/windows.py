@@ -1,4 +1,4 @@
-"""Key windows of blocked attention (imggen.blocked, imggen.tiles): the layout every window kind
+"""Key windows of blocked attention (imggen.attention.blocked, imggen.attention.tiles): the layout every window kind
 shares (queries in blocks, keys in one padded buffer, work in chunks of slices x query blocks)
 and the additive masks they add to scores."""
 from __future__ import annotations

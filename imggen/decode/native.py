@@ -1,4 +1,4 @@
-"""Native CPU decode kernels: imggen/native.c, compiled on first use, called through ctypes.
+"""Native CPU decode kernels: imggen/decode/native.c, compiled on first use, called through ctypes.
 
 A decode step multiplies a few rows (one per sequence) by every weight of the model and reads a
 few cache slots per head; in PyTorch that is MKL's small-M GEMMs (3-6 GB/s of weights on the test
@@ -152,7 +152,7 @@ def pack(weight: torch.Tensor, bias: torch.Tensor | None, width: int = PANEL):
 
 def linear(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, out_features: int,
            ln: torch.nn.LayerNorm | None = None, act: bool = False, add: torch.Tensor | None = None) -> torch.Tensor:
-    """[add +] act(ln(x) @ W^T + bias) for x (M, in) float32, W^T as imggen.panels' panels (P, in, 16)
+    """[add +] act(ln(x) @ W^T + bias) for x (M, in) float32, W^T as imggen.decode.panels' panels (P, in, 16)
     and bias (P, 1, 16) zero-padded (or None); ln a LayerNorm over `in` (or None), act GELU (tanh),
     add (M, out_features) -> (M, out_features)."""
     x = _rows(x)
@@ -224,7 +224,7 @@ class ModelStep:
     """Decode steps of a whole model (imggen.model.ImageTransformer.step) in one native call each:
     the embedding, every layer, the final LayerNorm and the head. `model`: float32 contiguous
     tensors tok, start, row, col, chan (embedding tables), pos ((3, n) int64 row, column, channel
-    of each position), lnf_w, lnf_b, head, head_b (the head as imggen.panels' panels, head_b None
+    of each position), lnf_w, lnf_b, head, head_b (the head as imggen.decode.panels' panels, head_b None
     or padded) and the float eps; `layers`: per layer ln1_w, ln1_b, qkv, qkv_b, proj, proj_b, ln2_w,
     ln2_b, fc1, fc1_b, fc2, fc2_b (linears as panels and padded biases; a missing bias None), floats
     eps1, eps2 and int hidden; `caches` the layers' imggen.decode.Cache objects (float32, on CPU).
