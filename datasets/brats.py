@@ -225,7 +225,7 @@ def _challenge_hole(case: Path, vols: list[np.ndarray], tumour: np.ndarray, seed
 
 
 def _load_case(case: Path, mods: list[str], height: int, width: int, channels: int, inpainting: bool,
-               masks: str = "challenge", seed: int = 0):
+               masks: str = "challenge", seed: int = 0, fills3d: bool = False):
     files = _case_files(case)
     if not files:
         raise DataError(f"{case}: case folder has no BraTS NIfTI files (*_t1.nii.gz, *-t1n.nii.gz, ...); "
@@ -273,14 +273,35 @@ def _load_case(case: Path, mods: list[str], height: int, width: int, channels: i
             masks[i, 0] = _resize(ras_slice_to_image(mask[:, :, k]), height, width, nearest=True)
     if len(vols) == 1 and channels == 3:
         imgs = np.repeat(imgs, 3, axis=1)
-    return imgs, masks, keep
+    fills = None
+    if fills3d and masks is not None:  # 1 mm voxels (BraTS): the in-plane pixel is the volume's side / the image's
+        fills = case_fills(imgs, masks[:, 0], keep, (1.0, brain.shape[1] / height, brain.shape[0] / width))
+    return imgs, masks, keep, fills
+
+
+def case_fills(imgs: np.ndarray, holes: np.ndarray, keep, spacing) -> np.ndarray:
+    """uint8 like imgs (N, C, H, W): each slice's hole (holes: bool (N, H, W)) filled by the 3-D
+    biharmonic fill of its run of consecutive slices (`keep`: their z; `spacing`: mm along z, rows,
+    columns), as sample.py --brats fills a volume (imggen.classic)."""
+    from imggen.classic import biharmonic
+    from imggen.datasets.brats_fills import blocks
+
+    out = imgs.copy()
+    for block in blocks(np.asarray(keep)):
+        if holes[block].any() and not holes[block].all():
+            f = biharmonic(np.moveaxis(imgs[block].astype(np.float64), 1, -1), holes[block], spacing=spacing,
+                           rtol=1e-6)
+            out[block] = np.clip(np.round(np.moveaxis(f, -1, 1)), 0, 255).astype(np.uint8)
+    return out
 
 
 def load(path, *, height: int, width: int, channels: int = 1, seed: int = 0, skip_bad: bool = False,
          modality="t1", inpainting: bool = False, limit: int | None = None, progress: bool = True,
-         masks: str = "challenge", context_slices: int = 0, **_) -> ImageSplits:
+         masks: str = "challenge", context_slices: int = 0, fills3d: bool = False, **_) -> ImageSplits:
     """masks (inpainting cases with a tumour `_seg`): "challenge" (default) = a tumour compartment
     placed in healthy tissue, the tumour voided (`_challenge_hole`); "tumour" = the tumour itself.
+    fills3d (with inpainting): also `fills`, each slice with its hole filled in 3-D on its case's
+    slices (`case_fills`: model.context_fill biharmonic3d).
     context_slices = s > 0 (a 2.5-D context): `neighbours` of every slice, its case's slices z-s..z+s
     (`slice_neighbours`; a neighbour dropped for too little brain is missing); their masks are the
     neighbours' own (one 3-D mask per case), so no `neighbour_masks` are stored."""
@@ -293,30 +314,33 @@ def load(path, *, height: int, width: int, channels: int = 1, seed: int = 0, ski
     patients = sorted({patient_id(c.name) for c in cases})
     split_of_patient = {patients[int(i)]: s for s, idx in split_indices(len(patients), seed).items() for i in idx}
     split_of = [split_of_patient[patient_id(c.name)] for c in cases]
-    parts = {s: {"img": [], "mask": [], "case": [], "slice": []} for s in ("train", "val", "test")}
+    parts = {s: {"img": [], "mask": [], "fill": [], "case": [], "slice": []} for s in ("train", "val", "test")}
     done, skipped = read_each(list(enumerate(cases)), lambda ic: _load_case(ic[1], mods, height, width, channels,
-                                                                          inpainting, masks, seed),
+                                                                          inpainting, masks, seed, fills3d),
                               kind="brats", what="bad case(s)", skip_bad=skip_bad, progress="BraTS cases" if progress else None)
-    for (i, case), (imgs, masks, keep) in done:
+    for (i, case), (imgs, masks, keep, fills) in done:
         p = parts[split_of[i]]
         p["img"].append(imgs)
         p["mask"].append(masks)
+        p["fill"].append(fills)
         p["case"] += [case.name] * len(keep)
         p["slice"] += keep
     if len(skipped) == len(cases):
         raise DataError(f"BraTS folder {path}: none of the {len(cases)} cases could be loaded")
-    out, masks = {}, {}
+    out, masks, fills = {}, {}, {}
     for s, p in parts.items():
         out[s] = np.concatenate(p["img"]) if p["img"] else np.zeros((0, channels, height, width), np.uint8)
         if inpainting:
             masks[s] = np.concatenate(p["mask"]) if p["mask"] else np.zeros((0, 1, height, width), bool)
+        if inpainting and fills3d:
+            fills[s] = np.concatenate(p["fill"]) if p["fill"] else out[s].copy()
     meta = {"case": {s: p["case"] for s, p in parts.items()}, "slice": {s: p["slice"] for s, p in parts.items()}}
     nbrs = {s: slice_neighbours(p["case"], p["slice"], context_slices) for s, p in parts.items()} if context_slices else {}
     info = {"source": f"BraTS ({path})", "modality": mods, "orientation": ORIENTATION,
             "skipped": len(skipped), "skipped_items": skipped,
             "cases": {s: sorted(set(p["case"])) for s, p in parts.items()},
             "patients": {s: sorted({patient_id(c) for c in p["case"]}) for s, p in parts.items()}}
-    return ImageSplits(**out, masks=masks, meta=meta, info=info, neighbours=nbrs)
+    return ImageSplits(**out, masks=masks, meta=meta, info=info, neighbours=nbrs, fills=fills)
 
 
 # ---------------------------------------------------------------- shipped demo

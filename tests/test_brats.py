@@ -209,6 +209,51 @@ def test_2023_inpainting_files_use_healthy_mask(tmp_path):
     assert t_img.any() and (x[t_img] == 0).all()
 
 
+
+def test_2023_training_cases_give_their_holes_3d_fills(tmp_path):
+    """fills3d: each slice's healthy-mask hole filled by the 3-D biharmonic fill of its case's slices
+    (1 mm apart; in-plane pixel = the volume's side / the image's), the image elsewhere."""
+    from imggen.classic import biharmonic
+
+    rng = np.random.default_rng(2)
+    root = tmp_path / "BraTS2023_Dataset_Local_Synthesis"
+    for i in range(3):
+        make_case_2023(root, f"BraTS-GLI-{i:05d}-000", rng, inpainting=True)
+    s = brats.load(root, height=12, width=10, inpainting=True, fills3d=True)
+    for split in ("train", "val", "test"):
+        x, m, f = s.split(split), s.masks[split][:, 0], s.fills[split]
+        assert f.shape == x.shape and f.dtype == np.uint8
+        np.testing.assert_array_equal(f[:, 0][~m], x[:, 0][~m])
+        for case in set(s.meta["case"][split]):  # the case's slices, consecutive here: one solve
+            rows = [i for i, c in enumerate(s.meta["case"][split]) if c == case]
+            assert np.all(np.diff([s.meta["slice"][split][i] for i in rows]) == 1)
+            want = biharmonic(x[rows, 0].astype(float), m[rows], spacing=(1.0, 24 / 12, 20 / 10), rtol=1e-9)
+            np.testing.assert_allclose(f[rows, 0], np.clip(np.round(want), 0, 255), atol=1)
+    assert any(s.masks[k].any() for k in ("train", "val", "test"))
+    assert not brats.load(root, height=12, width=10, inpainting=True).fills  # only when asked
+
+
+def test_inpainting_on_brats_folders_trains_on_their_masks_and_3d_fills(tmp_path):
+    """--task inpaint with --data brats:DIR reads the cases' own holes, and model.context_fill
+    biharmonic3d their 3-D fills (once brats-demo only)."""
+    from imggen.config import preset
+    from imggen.training.batches import load_data
+
+    rng = np.random.default_rng(5)
+    root = tmp_path / "cases"
+    for i in range(4):
+        make_case_2023(root, f"BraTS-GLI-{i:05d}-000", rng, inpainting=True)
+    cfg = preset("brats64")
+    cfg.data.spec = f"brats:{root}"
+    cfg.model.height, cfg.model.width = 12, 10
+    splits, _ = load_data(cfg.validate(), progress=False)
+    assert {"train_masks", "train_fills", "test_masks", "test_fills"} <= set(splits)
+    assert np.asarray(splits["train_masks"]).any()
+    cfg.train.task, cfg.model.context, cfg.model.context_fill = "generate", "none", "none"
+    splits, _ = load_data(cfg.validate(), progress=False)
+    assert "train_masks" not in splits and "train_fills" not in splits
+
+
 def test_2023_inference_set_uses_voided_image_and_mask(tmp_path):
     rng = np.random.default_rng(3)
     root = tmp_path / "val"

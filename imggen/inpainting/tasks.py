@@ -24,8 +24,9 @@ DATA_MASK_FRACTION = 0.5
 class Task:
     """What a run learns: the training loop, its evaluation and its sample grid ask the run's task
     (`TASKS[cfg.train.task]`) and never branch on its name. A new task is a subclass added with
-    `register_task` (tests/test_training.py adds one in the test file alone)."""
+    `register_task` (tests/test_new_task.py adds one in the test file alone)."""
     name = ""
+    data_masks = False  # whether the run asks the data for its own holes (BraTS mask files)
 
     def check(self, cfg) -> None:
         """Raise ConfigError when cfg cannot learn this task (Config.validate asks)."""
@@ -69,6 +70,7 @@ class Generate(Task):
 class Inpaint(Task):
     """The unknown pixels of a voided image, seen through the model's context (masks below)."""
     name = "inpaint"
+    data_masks = True
 
     def check(self, cfg) -> None:
         if cfg.model.context == "none":

@@ -7,6 +7,7 @@ import torch
 
 from imggen.config import Config
 from imggen.errors import ConfigError
+from imggen.inpainting.tasks import TASKS
 from imggen.tokens import tokenize
 
 
@@ -15,10 +16,13 @@ def load_data(cfg: Config, progress: bool = True):
 
     m = cfg.model
     opts = {"context_slices": m.context_slices} if m.context_slices else {}  # 2.5-D: each slice's neighbours
+    if TASKS[cfg.train.task].data_masks:
+        opts["inpainting"] = True  # the data's own holes where it has them (BraTS mask files)
     if m.context_fill == "biharmonic3d":
-        if cfg.data.spec.partition(":")[0] != "brats-demo":
-            raise ConfigError(f"model.context_fill biharmonic3d trains on the 3-D fills of brats-demo's holes; --data "
-                              f"{cfg.data.spec} has none: use --model.context_fill biharmonic")
+        if cfg.data.spec.partition(":")[0] not in ("brats", "brats-demo"):
+            raise ConfigError(f"model.context_fill biharmonic3d trains on the 3-D fills of volume data's holes "
+                              f"(--data brats:DIR or brats-demo); --data {cfg.data.spec} has none: use "
+                              f"--model.context_fill biharmonic")
         opts["fills3d"] = True
     data = load_dataset(cfg.data.spec, height=m.height, width=m.width, channels=m.channels,
                         seed=cfg.train.seed, skip_bad=cfg.data.skip_bad, progress=progress, **opts)
