@@ -128,34 +128,33 @@ def log_invalid(names, rows, path=None) -> list[str]:
 
 
 def _redraw(smiles: str, side: int) -> np.ndarray:
-    """RDKit's drawing of a read-back (grey), or a blank panel with a cross when there is none."""
+    """RDKit's drawing of a read-back (grey), or a blank panel with a cross when there is none or
+    RDKit cannot draw it (OSRA reads scribbles into atoms RDKit's drawer rejects, e.g. a charged `*`)."""
     import io
 
     from PIL import Image
+    from rdkit import Chem, rdBase
     from rdkit.Chem.Draw import rdMolDraw2D
 
     from imggen.eval.moses_metrics import parse
     mol = parse(smiles) if smiles else None
-    if mol is None:
-        from rdkit import Chem, rdBase
-        with rdBase.BlockLogs():
-            mol = Chem.MolFromSmiles(smiles, sanitize=False) if smiles else None
-    if mol is None:
-        panel = np.full((side, side), 235, np.uint8)
-        r = np.arange(side)
-        panel[r, r] = panel[r, side - 1 - r] = 120
-        return panel
-    d = rdMolDraw2D.MolDraw2DCairo(side, side)
-    d.drawOptions().useBWAtomPalette()
-    try:
-        rdMolDraw2D.PrepareAndDrawMolecule(d, mol)
-    except (RuntimeError, ValueError):
-        d = rdMolDraw2D.MolDraw2DCairo(side, side)
-        d.drawOptions().useBWAtomPalette()
-        d.drawOptions().prepareMolsBeforeDrawing = False
-        d.DrawMolecule(mol)
-    d.FinishDrawing()
-    return np.asarray(Image.open(io.BytesIO(d.GetDrawingText())).convert("L"))
+    with rdBase.BlockLogs():
+        if mol is None and smiles:
+            mol = Chem.MolFromSmiles(smiles, sanitize=False)
+        for prepare in (True, False) if mol is not None else ():
+            d = rdMolDraw2D.MolDraw2DCairo(side, side)
+            d.drawOptions().useBWAtomPalette()
+            d.drawOptions().prepareMolsBeforeDrawing = prepare
+            try:
+                rdMolDraw2D.PrepareAndDrawMolecule(d, mol) if prepare else d.DrawMolecule(mol)
+            except (RuntimeError, ValueError):
+                continue
+            d.FinishDrawing()
+            return np.asarray(Image.open(io.BytesIO(d.GetDrawingText())).convert("L"))
+    panel = np.full((side, side), 235, np.uint8)
+    r = np.arange(side)
+    panel[r, r] = panel[r, side - 1 - r] = 120
+    return panel
 
 
 def readback_picture(images, rows, path, show: int = SHOW, per_row: int = 4) -> str:

@@ -120,3 +120,16 @@ def test_checkpoint_samples_are_read_back(tmp_path, capsys):
     res = json.loads((tmp_path / "c.json").read_text())
     assert res["n"] == 2 and [p["name"] for p in res["per_image"]] == ["sample00000", "sample00001"]
     assert (tmp_path / "run" / "molecules" / "readback.png").is_file()
+
+
+@pytest.mark.parametrize("smiles", ["CCO", "C1=CC=CC=C1N(", "",  # drawn, unparsable (a cross), none (a cross)
+                                    # what OSRA read from a 256 px scribble of moses256 at 615 steps:
+                                    # RDKit's drawer rejects the charged dummy atom (it stopped the read-back)
+                                    "C[*+]123(*C)C[N+]43(=C)[C@@]32C1C43.IC[NH2+]CC*(=C)(*)*"])
+def test_every_read_back_gets_a_panel(smiles):
+    from imggen.eval.molecules import _redraw
+
+    panel = _redraw(smiles, 64)
+    assert panel.shape == (64, 64) and panel.dtype == np.uint8
+    cross = panel[np.arange(64), np.arange(64)]
+    assert (cross == 120).all() == (smiles != "CCO")
