@@ -4,8 +4,8 @@ Reads top to bottom: `setup` (config, data, model, optimizer, `--resume`) -> `tr
 AdamW step: bf16 autocast as --train.precision says, clipping, a clear error on a non-finite loss) -> `periodic`
 (log, validation bits/dim, sample grids, atomic checkpoints) -> `finish` (test bits/dim, final
 grid). `--resume` restores weights, optimizer, RNG state and the data position exactly; SIGINT /
-SIGTERM finish the current step, save a checkpoint and exit with code 130. The data and the order
-of the batches are imggen.training.batches'; the log rows, the stop signal and the sample grids imggen.training.runlog's.
+SIGTERM finish the current step, save a checkpoint and exit with code 130. What differs between
+tasks (generate, inpaint) is asked of the run's task (imggen.inpainting.tasks).
 
 The package: the loop (this module), the data and the order of the batches (`batches`), the run log,
 the stop signal and the sample grids (`runlog`), and the run folder's lock (`runlock`). May import
@@ -29,13 +29,13 @@ from imggen import checkpoint as ck
 from imggen.augment import augment_tokens
 from imggen.config import Config
 from imggen.errors import CheckpointError, ConfigError, Interrupted, StorageError, TrainingError, WorkerLost
+from imggen.inpainting.tasks import TASKS
 from imggen.model import ImageTransformer
 from imggen.precision import autocast, describe, resolve
+from imggen.storage import atomic_write_text
 from imggen.training.batches import batch_indices, load_data, unigram_bpd
 from imggen.training.runlock import RunLock
-from imggen.storage import atomic_write_text
 from imggen.training.runlog import Logger, StopSignal, final_grid, final_metrics, sample_grid
-from imggen.inpainting.tasks import TASKS
 
 LN2 = math.log(2.0)
 
@@ -69,10 +69,11 @@ def train_step(model, opt, x: torch.Tensor, step: int, cfg: Config, device, loss
     returns the loss in bits/dim (TrainingError if the loss or the gradient norm is not finite).
 
     The masked loss is the sum of the masked NLL over `mask_norm`: by default this batch's mask count
-    (its mean). Under DDP, which averages the processes' gradients, pass `imggen.inpainting.tasks.ddp_mask_norm(...)` of the
-    global batch (its mask count / the number of processes): the gradient is then that of the global
-    batch's mean, as one process would compute it, whatever each process's own share of the mask;
-    the returned values, averaged over the processes, are the global batch's loss."""
+    (its mean). Under DDP, which averages the processes' gradients, pass the global batch's
+    `imggen.inpainting.tasks.ddp_mask_norm` (its mask count / the number of processes): the
+    gradient is then that of the global batch's mean, as one process would compute it, whatever
+    each process's own share of the mask; the returned values, averaged over the processes, are
+    the global batch's loss."""
     for g in opt.param_groups:
         g["lr"] = lr_at(step, cfg)
     with autocast(device, cfg.train.precision):
