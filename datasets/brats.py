@@ -275,24 +275,10 @@ def _load_case(case: Path, mods: list[str], height: int, width: int, channels: i
         imgs = np.repeat(imgs, 3, axis=1)
     fills = None
     if fills3d and masks is not None:  # 1 mm voxels (BraTS): the in-plane pixel is the volume's side / the image's
+        from imggen.datasets.brats_fills import case_fills
+
         fills = case_fills(imgs, masks[:, 0], keep, (1.0, brain.shape[1] / height, brain.shape[0] / width))
     return imgs, masks, keep, fills
-
-
-def case_fills(imgs: np.ndarray, holes: np.ndarray, keep, spacing) -> np.ndarray:
-    """uint8 like imgs (N, C, H, W): each slice's hole (holes: bool (N, H, W)) filled by the 3-D
-    biharmonic fill of its run of consecutive slices (`keep`: their z; `spacing`: mm along z, rows,
-    columns), as sample.py --brats fills a volume (imggen.classic)."""
-    from imggen.classic import biharmonic
-    from imggen.datasets.brats_fills import blocks
-
-    out = imgs.copy()
-    for block in blocks(np.asarray(keep)):
-        if holes[block].any() and not holes[block].all():
-            f = biharmonic(np.moveaxis(imgs[block].astype(np.float64), 1, -1), holes[block], spacing=spacing,
-                           rtol=1e-6)
-            out[block] = np.clip(np.round(np.moveaxis(f, -1, 1)), 0, 255).astype(np.uint8)
-    return out
 
 
 def load(path, *, height: int, width: int, channels: int = 1, seed: int = 0, skip_bad: bool = False,
@@ -301,7 +287,7 @@ def load(path, *, height: int, width: int, channels: int = 1, seed: int = 0, ski
     """masks (inpainting cases with a tumour `_seg`): "challenge" (default) = a tumour compartment
     placed in healthy tissue, the tumour voided (`_challenge_hole`); "tumour" = the tumour itself.
     fills3d (with inpainting): also `fills`, each slice with its hole filled in 3-D on its case's
-    slices (`case_fills`: model.context_fill biharmonic3d).
+    slices (imggen.datasets.brats_fills.case_fills: model.context_fill biharmonic3d).
     context_slices = s > 0 (a 2.5-D context): `neighbours` of every slice, its case's slices z-s..z+s
     (`slice_neighbours`; a neighbour dropped for too little brain is missing); their masks are the
     neighbours' own (one 3-D mask per case), so no `neighbour_masks` are stored."""

@@ -1,4 +1,5 @@
-"""brats-demo's classic fills in 3-D: each hole's biharmonic fill computed on the slices of its split.
+"""Classic fills in 3-D: each hole's biharmonic fill computed on the slices around it (brats-demo's
+split blocks, `demo_fills`; a BraTS case's slices, `case_fills`).
 
 A context model with `model.context_fill = "biharmonic3d"` sees, as its classic-fill channel, what
 `sample.py --brats` gives it on a real volume: the 3-D biharmonic fill of the hole (imggen.classic),
@@ -47,6 +48,21 @@ def demo_fills(variants: dict, sections, blob: dict, sel: np.ndarray, z: np.ndar
                 for j, i in enumerate(rows):
                     if blob[v][i] == b:
                         out[v][where[int(i)]] = f[j]
+    return out
+
+
+def case_fills(imgs: np.ndarray, holes: np.ndarray, keep, spacing) -> np.ndarray:
+    """uint8 like imgs (N, C, H, W): each slice's hole (holes: bool (N, H, W)) filled by the 3-D
+    biharmonic fill of its run of consecutive slices (`keep`: their z; `spacing`: mm along z, rows,
+    columns), as sample.py --brats fills a volume (imggen.classic)."""
+    from imggen.classic import biharmonic
+
+    out = imgs.copy()
+    for block in blocks(np.asarray(keep)):
+        if holes[block].any() and not holes[block].all():
+            f = biharmonic(np.moveaxis(imgs[block].astype(np.float64), 1, -1), holes[block], spacing=spacing,
+                           rtol=1e-6)
+            out[block] = np.clip(np.round(np.moveaxis(f, -1, 1)), 0, 255).astype(np.uint8)
     return out
 
 

@@ -70,12 +70,10 @@ def token_bits_per_dim(model, tokens: torch.Tensor, batch_size: int = 16, masks=
     the slices around each image (imggen.inpainting.tasks.split_masks); `fills`, the holes' given classic fills
     (imggen.inpainting.tasks.split_fills). Or, for any task, `inputs` (imggen.inpainting.tasks.Task.eval_inputs): a function
     (tokens (b, N), rows: a slice of the sequences) -> (context, token weights), None = all tokens."""
-    from imggen.inpainting.tasks import inpaint_inputs
+    from imggen.inpainting.tasks import rows_inputs
 
     if masks is not None:
-        def inputs(x, rows):
-            return inpaint_inputs(model, x, masks[rows], None if neighbours is None else neighbours[rows],
-                                  None if fills is None else fills[rows])
+        inputs = rows_inputs(model, masks, neighbours, fills)
 
     cfg = model.config
     if batch_size < 1:

@@ -95,9 +95,7 @@ class Inpaint(Task):
 
     def eval_inputs(self, cfg, model, splits, split, n):
         masks, neighbours = split_masks(cfg, splits, split, n)
-        fills = split_fills(splits, split, np.arange(n), masks)
-        return lambda x, rows: inpaint_inputs(model, x, masks[rows], None if neighbours is None else neighbours[rows],
-                                              None if fills is None else fills[rows])
+        return rows_inputs(model, masks, neighbours, split_fills(splits, split, np.arange(n), masks))
 
     def grid_inputs(self, cfg, model, splits, num):
         from imggen.tokens import detokenize_tokens
@@ -249,6 +247,13 @@ def inpaint_inputs(model, tokens: torch.Tensor, masks, neighbours=None, fills=No
                 token_mask(masks[:, cfg.context_slices], cfg.channels).to(tokens.device))
     return model.make_context(images, masks, fills), token_mask(masks, cfg.channels).to(tokens.device)
 
+
+
+def rows_inputs(model, masks, neighbours=None, fills=None):
+    """(tokens (b, N), rows: a slice of the images) -> inpaint_inputs of those rows: how a set of
+    images with fixed masks (and 2.5-D neighbours, given fills) is scored (Task.eval_inputs)."""
+    return lambda x, rows: inpaint_inputs(model, x, masks[rows], None if neighbours is None else neighbours[rows],
+                                          None if fills is None else fills[rows])
 
 def ddp_mask_norm(masks, channels: int, world: int) -> float:
     """train_step's divisor for this step under DDP: the token loss mask count of the global batch's

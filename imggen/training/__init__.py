@@ -356,9 +356,7 @@ def next_batch(run: Run):
     rng = np.random.default_rng([t.seed, run.step, 3])  # train.augment's warps: (seed, step) as the masks
 
     def augment(x, masks=None, stack=None, fills=None):
-        if masks is None:
-            return augment_tokens(x, None, rng, m, part, batch=t.batch_size)
-        return augment_tokens(x, masks, rng, m, part, stack, fills=fills)
+        return augment_tokens(x, masks, rng, m, part, stack, batch=t.batch_size, fills=fills)
 
     return TASKS[t.task].batch(run.cfg, run.model, run.splits, x, idx.numpy(), run.step, part, run.world,
                                augment if t.augment else None)
