@@ -35,6 +35,16 @@ HOLD = "import sys, time; from imggen.training.runlock import RunLock; RunLock(s
        "time.sleep(300)"
 
 
+
+def damage_file(path, how: str) -> None:
+    """Truncate the file to half ("truncate") or flip a byte in its middle ("flip")."""
+    data = bytearray(path.read_bytes())
+    if how == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
 def _train(args, **kw):
     return subprocess.run([sys.executable, "train.py", *SMALL, *args], cwd=REPO, capture_output=True, text=True,
                           env=ENV, **kw)
@@ -446,12 +456,7 @@ def test_a_damaged_molecules_npz_is_rebuilt_with_one_note(tmp_path, capfd, damag
     smiles = M.read_smiles(M.SAMPLE)[:6]
     images, kept = M.render_smiles(smiles, 32, 32, workers=1, cache_dir=tmp_path, progress=False)
     npz = next(tmp_path.glob("molecules-*.npz"))
-    data = bytearray(npz.read_bytes())
-    if damage == "truncate":
-        data = data[: len(data) // 2]
-    else:
-        data[len(data) // 2] ^= 0xFF
-    npz.write_bytes(bytes(data))
+    damage_file(npz, damage)
     capfd.readouterr()
     again, kept_again = M.render_smiles(smiles, 32, 32, workers=1, cache_dir=tmp_path, progress=False)
     assert np.array_equal(again, images) and np.array_equal(kept_again, kept)
@@ -507,12 +512,7 @@ def test_cached_npz_is_atomic_and_rebuilds_a_damaged_file_with_one_note(tmp_path
     for i, damage in enumerate(["truncate", "flip"]):
         p = tmp_path / f"d{i}.npz"
         cached_npz(p, compute, "test cache")
-        data = bytearray(p.read_bytes())
-        if damage == "truncate":
-            data = data[: len(data) // 2]
-        else:
-            data[len(data) // 2] ^= 0xFF
-        p.write_bytes(bytes(data))
+        damage_file(p, damage)
         capfd.readouterr()
         again = cached_npz(p, compute, "test cache")
         assert np.array_equal(again["a"], first["a"])
