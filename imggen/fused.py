@@ -6,13 +6,15 @@ about 2,560 numbers per token (dim 256) instead of about 4,350. Calls whose extr
 imggen.memory's save limit (small problems) run the plain modules instead, which is faster. The
 parameters stay nn.LayerNorm / nn.Linear modules, so checkpoints are unchanged; outside autograd
 the modules run as usual. Under bf16 autocast the weights are cast once per call and x stays as
-it comes (the float32 residual stream): LayerNorm statistics are float32, the matmuls bf16.
+it comes (the float32 residual stream): LayerNorm statistics are float32, the matmuls bf16. The GELU
+(tanh) is imggen.cpu_ops' (C kernels on CPUs, torch's elsewhere).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from imggen.cpu_ops import gelu, gelu_backward, gelu_forward
 from imggen.memory import saves
 from imggen.precision import compute_dtype
 
@@ -59,15 +61,15 @@ class _LNMLP(torch.autograd.Function):
         h = F.linear(y.to(w1.dtype), w1, b1)
         ctx.save_for_backward(x, mean, rstd, h, w1, w2)
         ctx.ln = ln
-        return F.linear(F.gelu(h, approximate="tanh"), w2, b2)
+        return F.linear(gelu_forward(h), w2, b2)
 
     @staticmethod
     def backward(ctx, dout):
         x, mean, rstd, h, w1, w2 = ctx.saved_tensors
         ln = ctx.ln
         d2 = dout.flatten(0, -2)
-        dw2, db2 = d2.t() @ F.gelu(h, approximate="tanh").flatten(0, -2), d2.sum(0)
-        dh = torch.ops.aten.gelu_backward(dout @ w2.to(dout.dtype), h, approximate="tanh")
+        dw2, db2 = d2.t() @ gelu_forward(h).flatten(0, -2), d2.sum(0)
+        dh = gelu_backward(dout @ w2.to(dout.dtype), h)
         y = _norm(x, ln)[0].to(dh.dtype)
         dh2 = dh.flatten(0, -2)
         dw1, db1 = dh2.t() @ y.flatten(0, -2), dh2.sum(0)
@@ -89,7 +91,7 @@ def ln_mlp(x, ln: torch.nn.LayerNorm, fc1: torch.nn.Linear, fc2: torch.nn.Linear
     GELU output fit the save limit."""
     if not torch.is_grad_enabled() or saves(x.numel() // x.shape[-1] * (x.shape[-1] + fc1.out_features)
                                             * x.element_size()):
-        return fc2(F.gelu(fc1(ln(x)), approximate="tanh"))
+        return fc2(gelu(fc1(ln(x))))
     dt = compute_dtype(x)
     w1, b1, w2, b2 = (t.to(dt) for t in (fc1.weight, fc1.bias, fc2.weight, fc2.bias))
     return _LNMLP.apply(x, ln.weight, ln.bias, w1, b1, w2, b2, ln)

@@ -469,6 +469,7 @@ def test_a_damaged_molecules_npz_is_rebuilt_with_one_note(tmp_path, capfd, damag
 def test_a_damaged_native_library_is_rebuilt_with_one_note(tmp_path, monkeypatch, capfd):
     import shutil
 
+    from imggen import cbuild
     from imggen.decode import native
     if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler")
@@ -482,7 +483,7 @@ def test_a_damaged_native_library_is_rebuilt_with_one_note(tmp_path, monkeypatch
     err = _lines(capfd.readouterr().err)
     assert len(err) == 1 and f"the cached native kernel library {path} is damaged" in err[0], err
     rebuilt = open(again, "rb").read()  # whole again, named by its sha256 (the same build where cc is deterministic)
-    assert len(rebuilt) > len(good) // 2 and os.path.basename(again).endswith(native._file_sha256(again)[:16] + ".so")
+    assert len(rebuilt) > len(good) // 2 and os.path.basename(again).endswith(cbuild.file_sha256(again)[:16] + ".so")
     assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(again)]
     assert native.build() == again and _lines(capfd.readouterr().err) == []  # and used as it is from then on
 

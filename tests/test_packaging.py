@@ -38,7 +38,7 @@ def test_wheel_holds_every_module_and_data_file(wheel):
         parts = mod.split(".")
         path = "/".join(parts) + ".py"
         assert path in names or "/".join(parts) + "/__init__.py" in names, f"{mod} missing from {wheel.name}"
-    assert "imggen/decode/native.c" in names
+    assert {"imggen/decode/native.c", "imggen/cpu_ops.c", "imggen/vmath.h"} <= set(names)
     shipped = os.listdir(os.path.join(ROOT, "datasets", "data"))
     assert shipped and all(f"imggen/datasets/data/{f}" in names for f in shipped)
     assert not any(n.startswith(("kernels/", "datasets/", "eval/", "tests/")) for n in names), \

@@ -8,87 +8,31 @@ in one call each, `ModelStep` a whole decode step of a model (embedding, every l
 cache's read plan, final LayerNorm and head) and `draw` sampling's draw of the next tokens (float32,
 OpenMP on torch's own thread pool): see bench/RESULTS.md section 8 for the figures.
 
-The library is built once per machine with the system C compiler (`cc -O3 -march=native -fopenmp`;
-building and checking took about a second on the test box) into IMGGEN_CACHE_DIR (default ~/.cache/imggen), keyed by the source and the
-CPU, named by its own sha256 (a truncated or altered library is rebuilt, with one note line, before it is
-loaded), and checked against the PyTorch reference on first use. Where there is no compiler, the build
-or the check fails, or IMGGEN_NATIVE=0, `available()` is False (one warning for a failure) and
-callers use their PyTorch paths, which give the same results.
+The library is built once per machine by imggen.cbuild (`cc -O3 -march=native -fopenmp`, cached and
+checked by its sha256; building and checking took about a second on the test box) and checked
+against the PyTorch reference on first use. Where there is no compiler, the build or the check
+fails, or IMGGEN_NATIVE=0, `available()` is False (one warning for a failure) and callers use their
+PyTorch paths, which give the same results.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import glob
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import warnings
 
 import torch
 
+from imggen import cbuild
 from imggen.errors import ShapeError
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native.c")
 PANEL = 16  # the panel width native.c is compiled for (its P)
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _lib: ctypes.CDLL | None | bool = None  # None: not tried yet; False: unavailable
 
 
-def cache_dir() -> str:
-    return os.environ.get("IMGGEN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "imggen")
-
-
-def _cpu_key() -> str:
-    """What a -march=native build depends on: the compiler target and the CPU's feature flags."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        pass
-    return platform.machine() + flags
-
-
 def build(compiler: str | None = None) -> str:
-    """Path of the compiled library (built now unless cached); raises RuntimeError naming the
-    compiler's complaint."""
-    cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise RuntimeError("no C compiler found (cc / gcc; set CC)")
-    with open(SOURCE, "rb") as f:
-        src = f.read()
-    key = hashlib.sha256(src + " ".join(FLAGS).encode() + _cpu_key().encode() + cc.encode()).hexdigest()[:16]
-    stem = os.path.join(cache_dir(), f"imggen_native_{key}-")
-    for path in sorted(glob.glob(glob.escape(stem) + "*.so")):  # named by its own sha256: checked before loading
-        if os.path.basename(path)[len(os.path.basename(stem)):-3] == _file_sha256(path)[:16]:
-            return path
-        print(f"note: the cached native kernel library {path} is damaged (it does not match the sha256 in its "
-              f"name); building it again", file=sys.stderr, flush=True)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-    os.makedirs(cache_dir(), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache_dir())
-    os.close(fd)
-    try:
-        res = subprocess.run([cc, *FLAGS, SOURCE, "-o", tmp, "-lm"], capture_output=True, text=True, timeout=120)
-        if res.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {(res.stderr or res.stdout).strip()[-500:]}")
-        path = f"{stem}{_file_sha256(tmp)[:16]}.so"
-        os.replace(tmp, path)  # atomic: a concurrent process sees no half-written library
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
-
-
-def _file_sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    """Path of the compiled decode library (imggen.cbuild; built now unless cached)."""
+    return cbuild.build(SOURCE, "native", compiler)
 
 
 def _load(path: str) -> ctypes.CDLL:
