@@ -184,7 +184,16 @@ class ImageTransformer(nn.Module):
                 x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
             else:
                 x = blk(x, None if caches is None else caches[i])
-        return self.head(self.ln_f(x))
+        return self.logits(x)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """head(ln_f(x)), in float32 even under bf16 autocast: logits rounded to bfloat16 (8 bits of
+        mantissa, errors of 0.03-0.06 at logits of 10-20) cost bits/dim (bench/RESULTS.md section 13)."""
+        kind = x.device.type
+        if not torch.is_autocast_enabled(kind):
+            return self.head(self.ln_f(x))
+        with torch.autocast(kind, enabled=False):
+            return self.head(self.ln_f(x.float()))
 
     @torch.no_grad()
     def step(self, prev: torch.Tensor | None, t: int, caches, features: torch.Tensor | None = None) -> torch.Tensor:

@@ -226,3 +226,22 @@ def test_bf16_step_is_close_to_fp32_step():
         x = synthetic_splits(cfg.model)["train"][:4].long()
         losses[prec] = train_step(model, opt, x, 0, cfg, "cpu")
     assert losses["bf16"] != losses["fp32"] and abs(losses["bf16"] - losses["fp32"]) < 0.02 * losses["fp32"]
+
+
+def test_logits_stay_fp32_under_bf16_autocast():
+    """The output head computes in float32 under autocast (bf16-rounded logits cost bits/dim); the rest
+    of the forward runs in bf16, and the logits equal head(ln_f(h)) in float32 of the same hidden state."""
+    from imggen.model import ImageTransformer
+
+    cfg = run_cfg(attention="local2d,band")
+    torch.manual_seed(0)
+    model = ImageTransformer(cfg.model)
+    x = synthetic_splits(cfg.model)["train"][:2].long()
+    seen = {}
+    model.ln_f.register_forward_hook(lambda m, args, out: seen.update(h=args[0], out=out))
+    with cpu_autocast():
+        logits = model(x)
+    assert logits.dtype == torch.float32 and seen["out"].dtype == torch.float32
+    assert torch.equal(logits, model.head(model.ln_f(seen["h"].float())))
+    with torch.no_grad():
+        assert model(x).dtype == torch.float32  # and without autocast, as before
