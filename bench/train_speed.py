@@ -136,7 +136,7 @@ def run_local2d(repos: dict) -> list[dict]:
     return rows
 
 
-def run_parity(spec: dict, work: str) -> list[dict]:
+def run_parity(spec: dict, work: str, seed: int = 0) -> list[dict]:
     import numpy as np
     import torch
 
@@ -150,13 +150,13 @@ def run_parity(spec: dict, work: str) -> list[dict]:
     for name, steps in spec.items():
         runs = {}
         for prec in ("fp32", "bf16"):
-            out = os.path.join(work, f"parity_{name}_{prec}")
+            out = os.path.join(work, f"parity_{name}_{prec}" + (f"_seed{seed}" if seed else ""))
             stamp = os.path.join(out, "parity_train_s.json")  # a finished run of this spec is reused
             done = os.path.exists(stamp) and json.load(open(stamp)).get("steps") == steps
             if not done:
                 t0 = time.time()
                 spawn("train", HERE, "--preset", name, "--out", out, "--steps", str(steps), "--no-progress",
-                      "--overwrite", "--train.precision", prec)
+                      "--overwrite", "--train.precision", prec, "--train.seed", str(seed))
                 with open(stamp, "w") as f:
                     json.dump({"steps": steps, "seconds": time.time() - t0}, f)
             runs[prec] = (out, json.load(open(stamp))["seconds"])
@@ -175,7 +175,7 @@ def run_parity(spec: dict, work: str) -> list[dict]:
                                        dtype=np.float64)
             d = per["bf16"] - per["fp32"]
             lo, hi = bootstrap_ci(d, 2000, 0)
-            rows.append({"preset": name, "steps": steps, "split": split, "n": n,
+            rows.append({"preset": name, "steps": steps, "seed": seed, "split": split, "n": n,
                          "fp32": float(per["fp32"].mean()), "bf16": float(per["bf16"].mean()),
                          "diff": float(d.mean()), "lo": lo, "hi": hi,
                          "fp32_min": runs["fp32"][1] / 60, "bf16_min": runs["bf16"][1] / 60})
@@ -206,11 +206,11 @@ def report(a, speed, local2d, parity, argv) -> str:
         lines += ["## local2d r=3 forward+backward, cpu backend vs dense causal SDPA (B=1, H=4, D=32, fp32)", "",
                   md_table(["N", "checkout", "local2d ms", "SDPA ms", "SDPA / local2d", "threads"], out), ""]
     if parity:
-        out = [[r["preset"], r["steps"], r["split"], r["n"], f"{r['fp32']:.4f}", f"{r['bf16']:.4f}",
+        out = [[r["preset"], r["steps"], r.get("seed", 0), r["split"], r["n"], f"{r['fp32']:.4f}", f"{r['bf16']:.4f}",
                 f"{r['diff']:+.4f} ({r['lo']:+.4f} to {r['hi']:+.4f})", f"{r['fp32_min']:.1f} / {r['bf16_min']:.1f}"]
                for r in parity]
-        lines += ["## bf16 vs fp32 at equal steps (same seed; evaluated in fp32)", "",
-                  md_table(["preset", "steps", "split", "images", "fp32 bits/dim", "bf16 bits/dim",
+        lines += ["## bf16 vs fp32 at equal steps (same seed and data order; evaluated in fp32)", "",
+                  md_table(["preset", "steps", "seed", "split", "images", "fp32 bits/dim", "bf16 bits/dim",
                             "bf16 - fp32 (paired 95%)", "train min fp32 / bf16"], out), ""]
     return "\n".join(lines)
 
@@ -232,6 +232,7 @@ def main(argv=None) -> int:
     ap.add_argument("--after-args", default="", help="extra train.py arguments for this checkout's speed runs, "
                                                      "e.g. '--train.precision bf16'")
     ap.add_argument("--parity", default="demo=600,brats64=200", help="PRESET=STEPS,... for the parity part")
+    ap.add_argument("--seed", type=int, default=0, help="train.seed of both parity runs (weights and data order)")
     ap.add_argument("--work", default=os.path.join(HERE, "runs", "train_speed"))
     ap.add_argument("--out", default=os.path.join(HERE, "bench", "results", "train_speed.md"))
     a = ap.parse_args(argv)
@@ -241,7 +242,7 @@ def main(argv=None) -> int:
     repos = {"before": os.path.abspath(a.before), "after": HERE} if a.before else {}
     speed = run_speed(repos, a.presets.split(","), a.steps, a.repeat, a.after_args.split()) if "speed" in parts else []
     local2d = run_local2d(repos) if "local2d" in parts else []
-    parity = run_parity({k: int(v) for k, v in (p.split("=") for p in a.parity.split(","))}, a.work) \
+    parity = run_parity({k: int(v) for k, v in (p.split("=") for p in a.parity.split(","))}, a.work, a.seed) \
         if "parity" in parts else []
     text = report(a, speed, local2d, parity, argv)
     write_atomic(a.out, text)
