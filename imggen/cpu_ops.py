@@ -66,12 +66,14 @@ def gelu_forward(h: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def gelu_backward(dy: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """aten's gelu_backward(dy, h, approximate="tanh"): d gelu(h) / dh * dy, no autograd."""
+def gelu_backward(dy: torch.Tensor, h: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """aten's gelu_backward(dy, h, approximate="tanh"): d gelu(h) / dh * dy, no autograd. inplace:
+    the C kernels may write the result over dy (a temporary of the caller's: one large buffer fewer)."""
     if not _native(dy, h) or dy.dtype != h.dtype or dy.shape != h.shape:
         return torch.ops.aten.gelu_backward(dy, h, approximate="tanh")
+    contiguous = dy.is_contiguous()
     dy, h = dy.contiguous(), h.contiguous()
-    out = torch.empty_like(h)
+    out = dy if inplace and contiguous else torch.empty_like(h)
     getattr(_lib, _KERNELS[h.dtype][1])(dy.data_ptr(), h.data_ptr(), out.data_ptr(), h.numel())
     return out
 

@@ -69,7 +69,7 @@ class _LNMLP(torch.autograd.Function):
         ln = ctx.ln
         d2 = dout.flatten(0, -2)
         dw2, db2 = d2.t() @ gelu_forward(h).flatten(0, -2), d2.sum(0)
-        dh = gelu_backward(dout @ w2.to(dout.dtype), h)
+        dh = gelu_backward(dout @ w2.to(dout.dtype), h, inplace=True)
         y = _norm(x, ln)[0].to(dh.dtype)
         dh2 = dh.flatten(0, -2)
         dw1, db1 = dh2.t() @ y.flatten(0, -2), dh2.sum(0)

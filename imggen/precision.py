@@ -4,10 +4,12 @@
 (linears, convolutions, the attention's batched matmuls) in bfloat16, while the master weights, the
 optimizer state, the loss, the softmax statistics and the LayerNorm statistics stay float32 (the
 layers in imggen.fused, imggen.attention.blocked compute those in float32 themselves). Checkpoints stay
-float32. `auto` is bf16 on CUDA and fp32 on CPUs: on an AVX-512 BF16 CPU bf16 trains 1.7-1.9x
-faster, but at equal steps it cost 0.025 bits/dim (demo, 600 steps, paired interval +0.023 to
-+0.028; bench/RESULTS.md section 13), over the 0.02 a default may give up, so there it is an
-opt-in (`--train.precision bf16`, which the start-up line suggests). `bf16` on a CPU without native
+float32, and so do the logits (imggen.model: the output head). `auto` is bf16 on CUDA and on CPUs
+that compute bfloat16 natively (AVX-512 BF16 or AMX; the flags are read once), fp32 elsewhere: on an
+AVX-512 BF16 CPU bf16 trains about 1.8-1.9x faster, and at equal steps it cost +0.015 bits/dim on
+demo (600 steps, val, paired interval +0.013 to +0.017) and -0.014 on brats64 (200 steps, val),
+within the 0.02 a default may give up (bench/RESULTS.md section 13). `--train.precision fp32` keeps
+float32 throughout. `bf16` on a CPU without native
 bfloat16 (emulated, slower than float32) is honoured with one warning. Evaluation and sampling run
 in float32.
 """
@@ -57,8 +59,7 @@ def resolve(precision: str, device) -> tuple[str, str]:
     if kind == "cuda":
         return "bf16", "auto: this GPU computes bf16 natively"
     if native:
-        return "fp32", (f"auto: fp32 on CPUs; this one computes bf16 natively ({native}): --train.precision "
-                        f"bf16 trains about 1.8x faster here, at +0.025 bits/dim at equal steps (demo)")
+        return "bf16", f"auto: this CPU computes bf16 natively ({native}); --train.precision fp32 for float32"
     return "fp32", f"auto: this {kind.upper()} has no native bf16 arithmetic"
 
 

@@ -122,3 +122,17 @@ def test_fused_mlp_with_the_c_gelu_matches_the_modules(monkeypatch):
         monkeypatch.setattr(fused, "saves", lambda nbytes, lean=lean: not lean)
         for a, b in zip(grads(lambda x: ln_mlp(x, ln, fc1, fc2)), want):
             assert torch.allclose(a, b, rtol=1e-5, atol=1e-5), (lean, (a - b).abs().max())
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_in_place_writes_over_dy(dtype):
+    g = torch.Generator().manual_seed(4)
+    h, dy = torch.randn(3, 41, generator=g).to(dtype), torch.randn(3, 41, generator=g).to(dtype)
+    want = cpu_ops.gelu_backward(dy, h)
+    buf = dy.clone()
+    got = cpu_ops.gelu_backward(buf, h, inplace=True)
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(got, want)
+    strided = torch.stack([dy, dy], -1)[..., 0]  # not contiguous: a new tensor, dy untouched
+    got = cpu_ops.gelu_backward(strided, h, inplace=True)
+    assert got.data_ptr() != strided.data_ptr() and torch.equal(strided, dy) and torch.equal(got, want)

@@ -66,12 +66,15 @@ def test_auto_follows_the_cpu(monkeypatch):
         assert precision.describe("bf16", "cpu").startswith("precision: bf16 autocast")
     with precision.autocast("cpu", "auto"):
         assert not torch.is_autocast_enabled("cpu")
-    # a CPU with native bf16: auto stays fp32 (bf16 cost 0.025 bits/dim at equal steps), bf16 is offered
+    # a CPU with native bf16: auto is bf16 (within 0.02 bits/dim of fp32 at equal steps), fp32 on request
     monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ("avx512_bf16",))
-    assert precision.resolve("auto", "cpu")[0] == "fp32"
-    assert precision.describe("auto", "cpu").startswith(
-        "precision: fp32 (auto: fp32 on CPUs; this one computes bf16 natively (avx512_bf16): --train.precision bf16")
+    assert precision.resolve("auto", "cpu")[0] == "bf16"
+    assert precision.describe("auto", "cpu") == (
+        "precision: bf16 autocast (auto: this CPU computes bf16 natively (avx512_bf16); --train.precision fp32 "
+        "for float32)")
     with precision.autocast("cpu", "auto"):
+        assert torch.is_autocast_enabled("cpu")
+    with precision.autocast("cpu", "fp32"):
         assert not torch.is_autocast_enabled("cpu")
     with precision.autocast("cpu", "bf16"):
         assert torch.is_autocast_enabled("cpu")
