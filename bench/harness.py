@@ -285,6 +285,7 @@ def write_atomic(path, text: str) -> Path:
     """Write text to path through a temporary file in the same folder and a rename: a reader (or a
     run killed half-way) sees the old file or the new one, never a part."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
