@@ -6,12 +6,12 @@ optimizer state, the loss, the softmax statistics and the LayerNorm statistics s
 layers in imggen.fused, imggen.attention.blocked compute those in float32 themselves). Checkpoints stay
 float32, and so do the logits (imggen.model: the output head). `auto` is bf16 on CUDA and on CPUs
 that compute bfloat16 natively (AVX-512 BF16 or AMX; the flags are read once), fp32 elsewhere: on an
-AVX-512 BF16 CPU bf16 trains about 1.8-1.9x faster, and at equal steps it cost +0.015 bits/dim on
-demo (600 steps, val, paired interval +0.013 to +0.017) and -0.014 on brats64 (200 steps, val),
-within the 0.02 a default may give up (bench/RESULTS.md section 13). `--train.precision fp32` keeps
-float32 throughout. `bf16` on a CPU without native
-bfloat16 (emulated, slower than float32) is honoured with one warning. Evaluation and sampling run
-in float32.
+AVX-512 BF16 CPU default training ran 1.5x (demo) to 2.05x (moses, brats64) the steps/s of
+float32 before this flag, and at equal steps bf16 cost +0.015 bits/dim on demo (600 steps, val,
+paired interval +0.013 to +0.017) and -0.014 on brats64 (200 steps, val), within the 0.02 a default
+may give up (bench/RESULTS.md section 13). `--train.precision fp32` keeps float32 throughout.
+`bf16` on a CPU without native bfloat16 (emulated, slower than float32) is honoured with one
+warning. Evaluation and sampling run in float32.
 """
 from __future__ import annotations
 
