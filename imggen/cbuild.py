@@ -5,11 +5,12 @@ headers next to it on the include path) into IMGGEN_CACHE_DIR (default ~/.cache/
 source, the headers it may include (imggen/*.h), the flags, the compiler and the CPU, and named by the
 library's own sha256: a truncated or altered library is rebuilt, with one note line, before it is
 loaded, and a concurrent process never sees a half-written one. Callers load the library with ctypes,
-check it against their PyTorch reference, and fall back to PyTorch where any of this fails.
+check it against their PyTorch reference, and fall back to PyTorch where any of this fails (`load`).
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import glob
 import hashlib
 import os
@@ -18,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
@@ -76,3 +78,17 @@ def build(source: str, name: str, compiler: str | None = None) -> str:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def load(source: str, name: str, setup, what: str, fallback: str):
+    """The library built from `source` after setup(lib) (argument types, the caller's self-check;
+    it returns the library), or False: with IMGGEN_NATIVE=0, or after any failure, which warns once
+    that `what` is unavailable and `fallback` happens instead. Never raises."""
+    if os.environ.get("IMGGEN_NATIVE", "") == "0":
+        return False
+    try:
+        return setup(ctypes.CDLL(build(source, name)))
+    except Exception as e:  # noqa: BLE001 - any failure means the PyTorch path, never a crash
+        warnings.warn(f"imggen's {what} are unavailable ({type(e).__name__}: {e}); {fallback}", RuntimeWarning,
+                      stacklevel=3)
+        return False

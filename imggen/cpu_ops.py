@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -25,13 +24,16 @@ _KERNELS = {torch.float32: ("imggen_gelu_f32", "imggen_gelu_backward_f32"),
 _lib: ctypes.CDLL | None | bool = None  # None: not tried yet; False: unavailable
 
 
-def _load(path: str) -> ctypes.CDLL:
-    lib = ctypes.CDLL(path)
+def _setup(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Argument types, then the self-check (which calls through the module's library)."""
+    global _lib
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     for fwd, bwd in _KERNELS.values():
         getattr(lib, fwd).argtypes = [p, p, i64]
         getattr(lib, bwd).argtypes = [p, p, p, i64]
         getattr(lib, fwd).restype = getattr(lib, bwd).restype = None
+    _lib = lib
+    selfcheck()
     return lib
 
 
@@ -39,16 +41,8 @@ def available() -> bool:
     """Whether the C kernels can be used (built, loaded and checked once per process)."""
     global _lib
     if _lib is None:
-        if os.environ.get("IMGGEN_NATIVE", "") == "0":
-            _lib = False
-            return False
-        try:
-            _lib = _load(cbuild.build(SOURCE, "cpu_ops"))
-            selfcheck()
-        except Exception as e:  # noqa: BLE001 - any failure means torch's GELU, never a crash
-            _lib = False
-            warnings.warn(f"imggen's C GELU kernels are unavailable ({type(e).__name__}: {e}); training uses "
-                          f"torch's GELU (same results, slower)", RuntimeWarning, stacklevel=2)
+        _lib = cbuild.load(SOURCE, "cpu_ops", _setup, "C GELU kernels", "training uses torch's GELU (same results, "
+                                                                     "slower)")
     return bool(_lib)
 
 

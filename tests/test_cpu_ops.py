@@ -136,3 +136,18 @@ def test_backward_in_place_writes_over_dy(dtype):
     strided = torch.stack([dy, dy], -1)[..., 0]  # not contiguous: a new tensor, dy untouched
     got = cpu_ops.gelu_backward(strided, h, inplace=True)
     assert got.data_ptr() != strided.data_ptr() and torch.equal(strided, dy) and torch.equal(got, want)
+
+
+def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
+    from imggen import cbuild
+
+    def broken(*a, **k):
+        raise RuntimeError("cc failed: no such compiler")
+    monkeypatch.setattr(cpu_ops, "_lib", None)
+    monkeypatch.delenv("IMGGEN_NATIVE", raising=False)
+    monkeypatch.setattr(cbuild, "build", broken)
+    with pytest.warns(RuntimeWarning, match="C GELU kernels are unavailable .*no such compiler.*torch's GELU"):
+        assert not cpu_ops.available()
+    assert not cpu_ops.available()  # tried once per process: no second warning
+    h = torch.randn(6, requires_grad=True)
+    assert torch.equal(cpu_ops.gelu(h), F.gelu(h, approximate="tanh"))

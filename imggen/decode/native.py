@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import warnings
 
 import torch
 
@@ -35,8 +34,9 @@ def build(compiler: str | None = None) -> str:
     return cbuild.build(SOURCE, "native", compiler)
 
 
-def _load(path: str) -> ctypes.CDLL:
-    lib = ctypes.CDLL(path)
+def _setup(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Argument types, then the self-check (which calls through the module's library)."""
+    global _lib
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     lib.imggen_linear.argtypes = [p, i64, i32, i64, p, p, f32, p, p, i32, i32, p, p]
     lib.imggen_attend.argtypes = [p, p, p, i64, i64, p, p, i32, i32, i64, i32, p, i32, i64, p, i32, p]
@@ -45,6 +45,8 @@ def _load(path: str) -> ctypes.CDLL:
     lib.imggen_draw.argtypes = [p, i32, i32, p, i64, f32, i32, p, p, i64, p, i64, p]
     lib.imggen_linear.restype = lib.imggen_attend.restype = lib.imggen_step.restype = ctypes.c_int
     lib.imggen_draw.restype = ctypes.c_int
+    _lib = lib
+    selfcheck()
     return lib
 
 
@@ -52,16 +54,8 @@ def available() -> bool:
     """Whether the native kernels can be used (built, loaded and checked once per process)."""
     global _lib
     if _lib is None:
-        if os.environ.get("IMGGEN_NATIVE", "") == "0":
-            _lib = False
-            return False
-        try:
-            _lib = _load(build())
-            selfcheck()
-        except Exception as e:  # noqa: BLE001 - any failure means the PyTorch path, never a crash
-            _lib = False
-            warnings.warn(f"imggen's native CPU decode kernels are unavailable ({type(e).__name__}: {e}); "
-                          f"decoding uses the PyTorch path (same results, slower)", RuntimeWarning, stacklevel=2)
+        _lib = cbuild.load(SOURCE, "native", _setup, "native CPU decode kernels",
+                           "decoding uses the PyTorch path (same results, slower)")
     return bool(_lib)
 
 
