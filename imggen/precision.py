@@ -7,11 +7,11 @@ layers in imggen.fused, imggen.attention.blocked compute those in float32 themse
 float32, and so do the logits (imggen.model: the output head). `auto` is bf16 on CUDA and on CPUs
 that compute bfloat16 natively (AVX-512 BF16 or AMX; the flags are read once), fp32 elsewhere: on an
 AVX-512 BF16 CPU default training ran 1.5x (demo) to 2.05x (moses, brats64) the steps/s of
-float32 before this flag, and at equal steps bf16 cost +0.015 bits/dim on demo (600 steps, val,
-paired interval +0.013 to +0.017) and -0.014 on brats64 (200 steps, val), within the 0.02 a default
-may give up (bench/RESULTS.md section 13). `--train.precision fp32` keeps float32 throughout.
-`bf16` on a CPU without native bfloat16 (emulated, slower than float32) is honoured with one
-warning. Evaluation and sampling run in float32.
+float32 before this flag, and at equal steps bf16 cost +0.015 and +0.018 bits/dim on demo (600
+steps, val, two seeds, paired intervals up to +0.017 and +0.020) and -0.014 on brats64 (200 steps,
+val), within the 0.02 a default may give up (bench/RESULTS.md section 13). `--train.precision fp32`
+keeps float32 throughout. `bf16` on a CPU without native bfloat16 (emulated, slower than float32) is
+honoured with one warning. Evaluation and sampling run in float32.
 """
 from __future__ import annotations
 
