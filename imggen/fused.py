@@ -7,7 +7,8 @@ imggen.memory's save limit (small problems) run the plain modules instead, which
 parameters stay nn.LayerNorm / nn.Linear modules, so checkpoints are unchanged; outside autograd
 the modules run as usual. Under bf16 autocast the weights are cast once per call and x stays as
 it comes (the float32 residual stream): LayerNorm statistics are float32, the matmuls bf16. The GELU
-(tanh) is imggen.cpu_ops' (C kernels on CPUs, torch's elsewhere).
+(tanh) is imggen.cpu_ops' in training and evaluation alike (C kernels on CPUs, equal to torch's to
+float32 rounding; torch's elsewhere).
 """
 from __future__ import annotations
 
