@@ -62,12 +62,12 @@ def gelu_forward(h: torch.Tensor) -> torch.Tensor:
 
 def gelu_backward(dy: torch.Tensor, h: torch.Tensor, inplace: bool = False) -> torch.Tensor:
     """aten's gelu_backward(dy, h, approximate="tanh"): d gelu(h) / dh * dy, no autograd. inplace:
-    the C kernels may write the result over dy (a temporary of the caller's: one large buffer fewer)."""
+    the C kernels may write the result over dy (a temporary of the caller's: one large buffer fewer;
+    a non-contiguous dy is copied first, and the copy is written over)."""
     if not _native(dy, h) or dy.dtype != h.dtype or dy.shape != h.shape:
         return torch.ops.aten.gelu_backward(dy, h, approximate="tanh")
-    contiguous = dy.is_contiguous()
     dy, h = dy.contiguous(), h.contiguous()
-    out = dy if inplace and contiguous else torch.empty_like(h)
+    out = dy if inplace else torch.empty_like(h)
     getattr(_lib, _KERNELS[h.dtype][1])(dy.data_ptr(), h.data_ptr(), out.data_ptr(), h.numel())
     return out
 
@@ -85,7 +85,7 @@ class _GELU(torch.autograd.Function):
 
 def gelu(h: torch.Tensor) -> torch.Tensor:
     """GELU (approximate="tanh") of h with autograd: the C kernels where they apply, else torch's."""
-    if h.device.type != "cpu" or h.dtype not in _KERNELS or not available():
+    if not _native(h):
         return F.gelu(h, approximate="tanh")
     return _GELU.apply(h) if torch.is_grad_enabled() and h.requires_grad else gelu_forward(h.detach())
 
