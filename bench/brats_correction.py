@@ -1,0 +1,131 @@
+"""How much of the model's correction to keep at 240x240x155, chosen on val cases (issue 35).
+
+    python bench/brats_correction.py --checkpoint RUN [--split val] [--seeds 0,1] [--samples 8]
+        [--work runs/brats_native] [--out bench/results] [--stem brats_correction]
+
+`sample.py --brats` fills a hole with the native 3-D biharmonic fill of the percentile-clipped volume
+plus the model's correction, drawn slice by slice (imggen.volumes). This script draws the K
+corrections of every case once (`imggen.volumes.corrections`) and scores every setting of the grid
+below with the organisers' metrics (`imggen.eval.metrics.brats_inpainting_metrics`: SSIM on
+sagittal planes, PSNR with data range 1) through `imggen.volumes.apply_corrections`:
+
+* smoothing across slices: Gaussian sigma SMOOTH_GRID mm along z, from hole voxels only
+  (`smooth_across_slices`; 0 = none, the fill before);
+* weight of the correction: WEIGHT_GRID (weight 0 = the clipped 3-D fill alone: no model).
+
+Cases: bench/brats_native.py's, one set per seed (`--seeds 0,1`: the 4 val holes of seed 0, which
+brats_native.py scores, and 4 more of seed 1). The chosen setting, imggen.volumes' SMOOTH_MM and
+WEIGHT, is the one with the highest mean val SSIM (ties: PSNR). Each setting's paired difference to
+the clipped 3-D fill (weight 0) and to the unsmoothed full correction (before) comes with a 95%
+bootstrap interval over cases. `--split test` reports the test zone the same way (not for choosing).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from brats_native import make_cases, paired  # noqa: E402
+from harness import command_line, cpu_model, md_table, write_results  # noqa: E402
+
+SMOOTH_GRID = (0.0, 1.0, 2.0, 3.0, 5.0)  # mm
+WEIGHT_GRID = (0.25, 0.5, 0.75, 1.0)
+
+
+def case_scores(model, case: Path, samples: int, settings) -> tuple[dict, float]:
+    """{(smooth_mm, weight): organisers' scores} of one case folder; seconds of its draws."""
+    from imggen.eval.brats_eval import _read
+    from imggen.eval.metrics import brats_inpainting_metrics
+    from imggen.volumes import apply_corrections, corrections, read_case
+
+    vol, mask = read_case(case)
+    v, m, sp = vol.to_ras(vol.values), vol.to_ras(mask), vol.spacing_ras()
+    t = time.perf_counter()
+    c = corrections(model, v, m, samples=samples, spacing=sp, file=vol.file)
+    secs = time.perf_counter() - t
+    n = case.name
+    gt, healthy = _read(case / f"{n}-t1n.nii.gz"), _read(case / f"{n}-mask-healthy.nii.gz") > 0
+    voided = _read(case / f"{n}-t1n-voided.nii.gz")
+    out = {}
+    for smooth, weight in settings:
+        fill = apply_corrections(c, m, weight=weight, smooth_mm=smooth, spacing=sp)[0]
+        pred = np.where(mask, vol.to_raw(vol.from_ras(fill)), vol.raw).astype(np.float64)
+        if vol.scaling:
+            pred = pred * vol.scaling[0] + vol.scaling[1]
+        out[(smooth, weight)] = brats_inpainting_metrics(pred, gt, healthy, voided)
+    return out, secs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True, help="run folder of a brats64 (context) model")
+    ap.add_argument("--split", default="val", choices=("val", "test"))
+    ap.add_argument("--seeds", default="0,1", help="case sets (brats_native.make_cases seeds)")
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--work", default="runs/brats_native")
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--stem", default="brats_correction")
+    args = ap.parse_args(argv)
+    from imggen.checkpoint import load_model
+    from imggen.volumes import SMOOTH_MM, WEIGHT, find_cases
+
+    model = load_model(args.checkpoint)
+    settings = [(0.0, 0.0)] + [(s, w) for s in SMOOTH_GRID for w in WEIGHT_GRID]
+    scores, names, secs = {k: [] for k in settings}, [], []
+    for seed in (int(s) for s in args.seeds.split(",")):
+        folder = Path(args.work) / (f"cases-{args.split}" + (f"-s{seed}" if seed else ""))
+        make_cases(folder, args.split, seed=seed)
+        for case in find_cases(folder):
+            res, t = case_scores(model, case, args.samples, settings)
+            names.append(f"{case.name} (seed {seed})")
+            secs.append(t)
+            for k in settings:
+                scores[k].append(res[k])
+            print(f"{names[-1]}: drawn in {t:.0f} s; clipped 3-D {res[(0.0, 0.0)]['psnr']:.2f} / "
+                  f"{res[(0.0, 0.0)]['ssim']:.4f}, before {res[(0.0, 1.0)]['psnr']:.2f} / "
+                  f"{res[(0.0, 1.0)]['ssim']:.4f}", flush=True)
+
+    def col(k, metric):
+        return [s[metric] for s in scores[k]]
+
+    def d(p):
+        return f"{p['mean']:+.3f} ({p['ci95'][0]:+.3f} to {p['ci95'][1]:+.3f})"
+    best = max(settings[1:], key=lambda k: (np.mean(col(k, "ssim")), np.mean(col(k, "psnr"))))
+    rows = []
+    for k in settings:
+        vs0 = [paired(col(k, m), col((0.0, 0.0), m)) for m in ("psnr", "ssim")]
+        vs1 = [paired(col(k, m), col((0.0, 1.0), m)) for m in ("psnr", "ssim")]
+        label = "clipped 3-D fill (no model)" if k == (0.0, 0.0) else f"{k[0]:g} mm, weight {k[1]:g}"
+        label += " (before)" if k == (0.0, 1.0) else ""
+        label += " **chosen**" if args.split == "val" and k == best else ""
+        label += " (default)" if k == (SMOOTH_MM, WEIGHT) else ""
+        rows.append([label, np.mean(col(k, "psnr")), np.mean(col(k, "ssim")), d(vs0[0]), d(vs0[1]), d(vs1[0]),
+                     d(vs1[1])])
+    head = ["z smoothing, weight", "PSNR", "SSIM", "PSNR - clipped 3-D", "SSIM - clipped 3-D", "PSNR - before",
+            "SSIM - before"]
+    md = "\n".join([
+        f"# How much of the model's correction to keep ({args.split}, {len(names)} cases at 240x240x155)", "",
+        f"`{command_line('brats_correction.py')}` on {cpu_model()}; K = {args.samples} draws per slice, drawn once "
+        f"per case ({np.mean(secs):.0f} s a case), every setting scored with the organisers' metrics; paired 95% "
+        f"bootstrap intervals over cases.", "",
+        md_table(head, rows), "",
+        (f"Chosen on val (highest mean SSIM): {best[0]:g} mm, weight {best[1]:g}; imggen.volumes uses "
+         f"SMOOTH_MM = {SMOOTH_MM:g}, WEIGHT = {WEIGHT:g}." if args.split == "val" else
+         f"imggen.volumes uses SMOOTH_MM = {SMOOTH_MM:g}, WEIGHT = {WEIGHT:g} (chosen on val)."), "",
+        "Cases: " + ", ".join(names)])
+    data = {"cases": names, "seconds": secs, "best": list(best),
+            "scores": {f"{k[0]:g},{k[1]:g}": scores[k] for k in settings}}
+    write_results(args.out, f"{args.stem}_{args.split}", data, md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
