@@ -106,7 +106,7 @@ def main(argv=None) -> int:
         label += " (before)" if k == (0.0, 1.0) else ""
         label += " **chosen**" if args.split == "val" and k == best else ""
         label += " (default)" if k == (SMOOTH_MM, WEIGHT) else ""
-        rows.append([label, np.mean(col(k, "psnr")), np.mean(col(k, "ssim")), d(vs0[0]), d(vs0[1]), d(vs1[0]),
+        rows.append([label, f"{np.mean(col(k, 'psnr')):.2f}", f"{np.mean(col(k, 'ssim')):.4f}", d(vs0[0]), d(vs0[1]), d(vs1[0]),
                      d(vs1[1])])
     head = ["z smoothing, weight", "PSNR", "SSIM", "PSNR - clipped 3-D", "SSIM - clipped 3-D", "PSNR - before",
             "SSIM - before"]

@@ -2,7 +2,7 @@
 by the organisers' metrics on 240x240x155 volumes at 1 mm.
 
     python bench/brats_native.py --checkpoint RUN [--split test] [--cases 8] [--samples 8]
-        [--variants] [--work runs/brats_native] [--out bench/results] [--stem brats_native]
+        [--variants [NAME ...]] [--work runs/brats_native] [--out bench/results] [--stem brats_native]
 
 Cases (`make_cases`): the MNI152 (ICBM 2009a symmetric) T1 template that nilearn's wheel carries
 (1 mm, read from the file, no download), padded to the challenge's 240x240x155 grid, one case folder
@@ -16,19 +16,25 @@ over holes, not over patients.
 
 Methods, each writing PRED/<method>/<case>-t1n-inference.nii.gz:
 * biharmonic 2-D: every axial slice on its own (imggen.classic, skimage's equations);
-* biharmonic 3-D: the whole volume at once;
+* biharmonic 3-D: the whole volume at once, in its stored intensities;
+* biharmonic 3-D, clipped: the same solve on the volume clipped to its brain's 0.5-99.5 percentiles
+  (the intensities the model reads; imggen.volumes.fill_volume with weight 0): imggen's fill without
+  its model, so the model's own part shows;
 * imggen: the README's command, verbatim: `sample.py --checkpoint RUN --brats CASES --out PRED
-  --samples K --reduce mean` (its default fill: the 3-D fill plus the model's correction);
-* with --variants, other fills of imggen.volumes.fill_volume through Python: the model's fill
-  upsampled in place of the hole (method "replace", the fill before issue 35), and the default
-  correction with the slice's 2-D fill as the model's classic-fill channel (channel "slice").
+  --samples K --reduce mean` (its default fill: the clipped 3-D fill plus the model's correction,
+  smoothed across slices and weighed as bench/brats_correction.py chose on val cases);
+* `--variants [unsmoothed replace slice]`: other fills of imggen.volumes.fill_volume through Python:
+  the unsmoothed full correction (the default before), the model's fill upsampled in place of the
+  hole (method "replace", the fill before that), and the correction with the slice's 2-D fill as
+  the model's classic-fill channel (channel "slice").
 
 Scores: `python -m imggen.eval brats` (imggen.eval.brats_eval.evaluate: SSIM on the organisers'
 sagittal planes, PSNR with data range 1, inside -mask-healthy, intensities by the voided input's
 percentiles) per case; per hole slice (axial) the same normalisation, PSNR over the slice's hole
 voxels and the mean of its axial SSIM map there. Each method's paired difference to 3-D biharmonic
 with a 95% bootstrap interval over cases and over hole slices (slices of one case are correlated:
-the slice interval is the narrower, less cautious one), and seconds per case.
+the slice interval is the narrower, less cautious one), each imggen fill's paired difference to the
+clipped 3-D fill (the model's part), and seconds per case.
 """
 from __future__ import annotations
 
@@ -50,6 +56,7 @@ SHAPE = (240, 240, 155)  # the challenge's grid (1 mm)
 FRACTIONS = {"test": (0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.065, 0.08),  # of the brain's volume
              "val": (0.005, 0.0075, 0.01, 0.0125)}
 BASELINE = "biharmonic 3-D"
+CLIPPED = "biharmonic 3-D, clipped"  # imggen's fill without its model: the 3-D fill in the model's intensities
 
 
 def template_file() -> Path:
@@ -146,6 +153,12 @@ def cli_fill(run: str, cases_dir: Path, pred: Path, samples: int) -> list[float]
     return [(time.perf_counter() - t) / max(n, 1)] * n
 
 
+VARIANTS = (  # --variants: (key, row, folder, fill_volume options)
+    ("unsmoothed", "imggen, unsmoothed full correction (before)", "unsmoothed", dict(weight=1.0, smooth_mm=0.0)),
+    ("replace", "imggen, fill replaced (earlier)", "replace", dict(method="replace")),
+    ("slice", "imggen, 2-D fill channel", "slice", dict(channel="slice")))
+
+
 def python_fill(model, cases_dir: Path, pred: Path, samples: int, **kw) -> list[float]:
     """imggen.volumes.inpaint_case of every case with fill_volume options `kw`; seconds per case."""
     from imggen.volumes import find_cases, inpaint_case
@@ -207,23 +220,36 @@ def paired(a, b, seed: int = 0) -> dict:
     return {"mean": float(d.mean()), "ci95": [float(lo), float(hi)], "better": float((d > 0).mean())}
 
 
+def pairs_to(r: dict, base: dict) -> dict:
+    """Paired differences r - base (organisers' PSNR and SSIM) per case and per hole slice."""
+    return {"per_case": {m: paired([c[m] for c in r["cases"]], [c[m] for c in base["cases"]]) for m in ("psnr", "ssim")},
+            "per_slice": {m: paired(r["slices"][m], base["slices"][m]) for m in ("psnr", "ssim")}}
+
+
+def _d(p) -> str:
+    return f"{p['mean']:+.3f} ({p['ci95'][0]:+.3f} to {p['ci95'][1]:+.3f})"
+
+
+def _diff_cells(pr: dict) -> list[str]:
+    return [_d(pr["per_case"]["psnr"]), _d(pr["per_case"]["ssim"]), _d(pr["per_slice"]["psnr"]),
+            _d(pr["per_slice"]["ssim"])]
+
+
 def report(res: dict, secs: dict, cases: list[dict], args, budget: str) -> tuple[str, dict]:
     base = res[BASELINE]
-    rows, pairs = [], {}
+    rows, pairs, model_rows = [], {}, []
     for name, r in res.items():
-        pc = {m: paired([c[m] for c in r["cases"]], [c[m] for c in base["cases"]]) for m in ("psnr", "ssim")}
-        ps = {m: paired(r["slices"][m], base["slices"][m]) for m in ("psnr", "ssim")}
-        pairs[name] = {"per_case": pc, "per_slice": ps}
-
-        def d(p):
-            return f"{p['mean']:+.3f} ({p['ci95'][0]:+.3f} to {p['ci95'][1]:+.3f})"
+        pairs[name] = pairs_to(r, base)
         rows.append([name, r["mean"]["psnr"], r["mean"]["ssim"],
-                     "-" if name == BASELINE else d(pc["psnr"]), "-" if name == BASELINE else d(pc["ssim"]),
-                     "-" if name == BASELINE else d(ps["psnr"]), "-" if name == BASELINE else d(ps["ssim"]),
-                     float(np.mean(secs[name]))])
+                     *(["-"] * 4 if name == BASELINE else _diff_cells(pairs[name])), float(np.mean(secs[name]))])
+        if name.startswith("imggen") and CLIPPED in res:  # the model's part: against the same fill without it
+            pairs[name]["vs_clipped"] = pairs_to(r, res[CLIPPED])
+            model_rows.append([name, *_diff_cells(pairs[name]["vs_clipped"])])
     n_sl = len(base["slices"]["psnr"])
     head = ["method", "PSNR", "SSIM", f"PSNR - 3-D, per case (n={len(cases)})", "SSIM - 3-D, per case",
             f"PSNR - 3-D, per hole slice (n={n_sl})", "SSIM - 3-D, per hole slice", "s / case"]
+    model_head = ["method", "PSNR - clipped 3-D, per case", "SSIM - clipped 3-D, per case",
+                  "PSNR - clipped 3-D, per hole slice", "SSIM - clipped 3-D, per hole slice"]
     case_rows = [[c["name"], f"{c['brain_share']:.1%}", c["voxels"], f"{c['z'][0]}-{c['z'][1]}"] for c in cases]
     md = "\n".join([
         f"# BraTS fills at native resolution ({args.split} zone)", "",
@@ -233,6 +259,9 @@ def report(res: dict, secs: dict, cases: list[dict], args, budget: str) -> tuple
         "Organisers' metrics (`python -m imggen.eval brats`: sagittal SSIM planes, PSNR with data range 1), mean "
         "over cases; paired differences to 3-D biharmonic with 95% bootstrap intervals over cases and over hole "
         "slices (axial, the organisers' normalisation).", "",
+        f"The model's part: each imggen fill against `{CLIPPED}` (the same fill without the model: the 3-D fill "
+        "of the volume clipped to its brain's 0.5-99.5 percentiles, the intensities the model reads).", "",
+        md_table(model_head, model_rows), "",
         md_table(["case", "hole (share of the brain)", "voxels", "axial slices"], case_rows)])
     return md, {"results": res, "paired": pairs, "seconds": secs, "cases": cases}
 
@@ -243,11 +272,14 @@ def main(argv=None) -> int:
     ap.add_argument("--split", default="test", choices=("test", "val"))
     ap.add_argument("--cases", type=int, help="the first N cases of the split (default all)")
     ap.add_argument("--samples", type=int, default=8, help="K draws per slice, reduced by their mean")
-    ap.add_argument("--variants", action="store_true", help="also the other fills of imggen.volumes (Python)")
+    ap.add_argument("--variants", nargs="*", choices=[v[0] for v in VARIANTS],
+                    help="also these fills of imggen.volumes (Python; no names: all)")
     ap.add_argument("--work", default="runs/brats_native")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--stem", default="brats_native")
     args = ap.parse_args(argv)
+    if args.variants == []:
+        args.variants = [v[0] for v in VARIANTS]
     from imggen.checkpoint import load_model
     from imggen.eval.run import load_run
 
@@ -257,15 +289,16 @@ def main(argv=None) -> int:
     print(f"{len(cases)} cases in {cases_dir}: holes of "
           + ", ".join(f"{c['brain_share']:.1%}" for c in cases) + " of the brain", flush=True)
     pred = work / f"pred-{args.split}"
-    dirs = {"biharmonic 2-D": pred / "bih2d", BASELINE: pred / "bih3d", "imggen": pred / "imggen"}
+    dirs = {"biharmonic 2-D": pred / "bih2d", BASELINE: pred / "bih3d", CLIPPED: pred / "bih3d-clipped",
+            "imggen": pred / "imggen"}
     secs = {"biharmonic 2-D": classic(cases_dir, dirs["biharmonic 2-D"], False),
             BASELINE: classic(cases_dir, dirs[BASELINE], True)}
+    model = load_model(args.checkpoint)
+    secs[CLIPPED] = python_fill(model, cases_dir, dirs[CLIPPED], 1, weight=0.0)
     print("baselines written", flush=True)
     secs["imggen"] = cli_fill(args.checkpoint, cases_dir, dirs["imggen"], args.samples)
-    if args.variants:
-        model = load_model(args.checkpoint)
-        for name, folder, kw in (("imggen, fill replaced (before)", "replace", dict(method="replace")),
-                                 ("imggen, 2-D fill channel", "slice", dict(channel="slice"))):
+    for key, name, folder, kw in VARIANTS:
+        if key in (args.variants or ()):
             dirs[name] = pred / folder
             secs[name] = python_fill(model, cases_dir, dirs[name], args.samples, **kw)
     run = load_run(args.checkpoint)

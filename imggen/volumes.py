@@ -54,7 +54,7 @@ OUT_SUFFIX = "-t1n-inference.nii.gz"
 METHODS = ("correct", "replace")  # fill_volume: the 3-D biharmonic fill + the model's correction, or the model's fill
 TAPER_MM = 3.0  # edge_taper: the correction reaches full weight this far inside the hole
 SMOOTH_MM = 2.0  # fill_volume: the correction is smoothed across slices (Gaussian sigma, mm along z) ...
-WEIGHT = 0.5  # ... and weighed (both chosen on val cases at 240x240x155: bench/brats_correction.py)
+WEIGHT = 0.25  # ... and weighed (both chosen on 8 val cases at 240x240x155: bench/brats_correction.py)
 STD_SUFFIX = "-t1n-std.nii.gz"
 
 

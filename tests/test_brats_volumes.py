@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from imggen.checkpoint import save_checkpoint
+from imggen.checkpoint import load_model, save_checkpoint
 from imggen.cli import sample_main
 from imggen.config import Config, ModelConfig, TrainConfig
 from imggen.model import ImageTransformer
-from imggen.volumes import WEIGHT, Volume, edge_taper
+from imggen.volumes import WEIGHT, Volume, edge_taper, inpaint_case
 
 torch.set_num_threads(1)
 SHAPE = (24, 20, 12)
@@ -148,21 +148,26 @@ def test_the_fill_joins_the_tissue_without_a_seam(tmp_path, capsys, kind):
     vol[3:21, 2:11, 1:11] = (100.0 + step * np.arange(18))[:, None, None]  # a ramp along stored axis 0
     cases, out = tmp_path / "cases", tmp_path / "pred"
     make_case(cases, "seam", None, vol=vol)
-    rc, _, err = run_cli(capsys, "--checkpoint", random_run(tmp_path), "--brats", cases, "--out", out,
-                         "--no-progress", "--device", "cpu")
+    run = random_run(tmp_path)
+    rc, _, err = run_cli(capsys, "--checkpoint", run, "--brats", cases, "--out", out, "--no-progress", "--device", "cpu")
     assert rc == 0, err
-    pred, m = nib.load(str(out / "seam-t1n-inference.nii.gz")).get_fdata(), hole()
-    assert np.array_equal(pred[~m], np.where(m, 0, vol)[~m])
-    jumps = []
-    for ax in range(3):
-        for d in (-1, 1):
-            nb_known = ~np.roll(m, d, ax)  # voxel i - d (along ax) is known
-            edge = m & nb_known
-            jumps.append(np.abs(pred - np.roll(pred, d, ax))[edge].max())
-    assert max(jumps) <= step + 1e-3 * max(step, 1.0)
+    full = tmp_path / "full"  # the whole correction (weight 1, not smoothed): the seam must hold for it too
+    full.mkdir()
+    inpaint_case(load_model(run, device="cpu"), cases / "seam", full, progress=False, weight=1.0, smooth_mm=0.0)
+    m = hole()
     inside = m & (edge_taper(m) > 0)
-    # the random model does correct inside (its correction times WEIGHT is that large): not a no-op
-    assert np.abs(pred[inside] - vol[inside]).max() > WEIGHT * step
+    for folder, weight in ((out, WEIGHT), (full, 1.0)):
+        pred = nib.load(str(folder / "seam-t1n-inference.nii.gz")).get_fdata()
+        assert np.array_equal(pred[~m], np.where(m, 0, vol)[~m])
+        jumps = []
+        for ax in range(3):
+            for d in (-1, 1):
+                nb_known = ~np.roll(m, d, ax)  # voxel i - d (along ax) is known
+                edge = m & nb_known
+                jumps.append(np.abs(pred - np.roll(pred, d, ax))[edge].max())
+        assert max(jumps) <= step + 1e-3 * max(step, 1.0)
+        # the random model does correct inside (its correction times the weight is that large): not a no-op
+        assert np.abs(pred[inside] - vol[inside]).max() > weight * step
 
 
 def test_a_sliver_of_hole_smaller_than_half_a_model_pixel_is_filled(tmp_path, capsys):

@@ -145,3 +145,51 @@ def test_slice_scores_are_perfect_for_the_truth_and_fall_with_error():
 def test_paired_intervals_and_report_name_the_baseline():
     p = brats_native.paired([2.0, 3.0, 4.0], [1.0, 1.0, 1.0])
     assert p["mean"] == pytest.approx(2.0) and p["ci95"][0] > 0 and p["better"] == 1.0
+
+
+def test_report_gives_the_models_part_against_the_clipped_3d_fill():
+    """brats_native.report: every method against 3-D biharmonic, and each imggen row against the clipped
+    3-D fill (the same fill without the model) in a second table."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(3)
+
+    def res(shift):
+        cases = [{"psnr": 15 + shift + rng.normal(0, 0.1), "ssim": 0.6 + shift / 100} for _ in range(5)]
+        sl = {"psnr": list(15 + shift + rng.normal(0, 0.1, 20)), "ssim": list(0.6 + shift / 100 + np.zeros(20))}
+        return {"cases": cases, "mean": {"psnr": 15 + shift, "ssim": 0.6 + shift / 100}, "slices": sl}
+    r = {brats_native.BASELINE: res(0), brats_native.CLIPPED: res(1), "imggen": res(1.5)}
+    cases = [{"name": f"c{i}", "brain_share": 0.01, "voxels": 10, "z": [1, 2]} for i in range(5)]
+    md, data = brats_native.report(r, {k: [1.0] for k in r}, cases, SimpleNamespace(split="test", samples=2), "toy")
+    p = data["paired"]
+    assert p["imggen"]["per_case"]["psnr"]["mean"] == pytest.approx(1.5, abs=0.2)
+    assert p["imggen"]["vs_clipped"]["per_case"]["psnr"]["mean"] == pytest.approx(0.5, abs=0.2)
+    assert "vs_clipped" not in p[brats_native.CLIPPED]
+    assert "PSNR - clipped 3-D, per case" in md and md.count("| imggen |") == 2
+
+
+def test_correction_sweep_scores_every_setting_of_one_case(tmp_path):
+    """bench/brats_correction.py's per-case scoring: weight 0 is the clipped 3-D fill whatever the smoothing,
+    and every setting gets the organisers' scores."""
+    pytest.importorskip("nibabel")
+    import brats_correction
+
+    from imggen.checkpoint import load_model, save_checkpoint
+    from imggen.config import Config, ModelConfig, TrainConfig
+    from imggen.model import ImageTransformer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(height=8, width=8, channels=1, bits=8, dim=32, layers=2, heads=2, attention="local2d,band",
+                      window=16, radius=2, context="unet", context_width=8, context_fill="biharmonic3d", backend="cpu")
+    save_checkpoint(str(tmp_path / "run"), 1, ImageTransformer(cfg), Config(model=cfg, train=TrainConfig(task="inpaint")))
+    rng = np.random.default_rng(4)
+    vol = np.zeros((40, 44, 120), np.float32)
+    vol[5:35, 6:38, 2:118] = rng.uniform(20, 200, (30, 32, 116))
+    brats_native.make_cases(tmp_path / "cases", "val", 1, volume=vol)
+    settings = [(0.0, 0.0), (2.0, 0.0), (0.0, 1.0), (2.0, 0.5)]
+    out, secs = brats_correction.case_scores(load_model(str(tmp_path / "run"), device="cpu"),
+                                             tmp_path / "cases" / "mni-val-00", 2, settings)
+    assert set(out) == set(settings) and secs > 0
+    assert out[(0.0, 0.0)] == out[(2.0, 0.0)]
+    assert all(np.isfinite(v["psnr"]) and 0 < v["ssim"] <= 1 for v in out.values())
+    assert out[(0.0, 1.0)]["psnr"] != out[(0.0, 0.0)]["psnr"]
