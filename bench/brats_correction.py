@@ -39,7 +39,7 @@ SMOOTH_GRID = (0.0, 1.0, 2.0, 3.0, 5.0)  # mm
 WEIGHT_GRID = (0.25, 0.5, 0.75, 1.0)
 
 
-def case_scores(model, case: Path, samples: int, settings) -> tuple[dict, float]:
+def case_scores(model, case: Path, samples: int, settings, channel: str = "auto") -> tuple[dict, float]:
     """{(smooth_mm, weight): organisers' scores} of one case folder; seconds of its draws."""
     from imggen.eval.brats_eval import _read
     from imggen.eval.metrics import brats_inpainting_metrics
@@ -48,7 +48,7 @@ def case_scores(model, case: Path, samples: int, settings) -> tuple[dict, float]
     vol, mask = read_case(case)
     v, m, sp = vol.to_ras(vol.values), vol.to_ras(mask), vol.spacing_ras()
     t = time.perf_counter()
-    c = corrections(model, v, m, samples=samples, spacing=sp, file=vol.file)
+    c = corrections(model, v, m, samples=samples, spacing=sp, file=vol.file, channel=channel)
     secs = time.perf_counter() - t
     n = case.name
     gt, healthy = _read(case / f"{n}-t1n.nii.gz"), _read(case / f"{n}-mask-healthy.nii.gz") > 0
@@ -69,6 +69,8 @@ def main(argv=None) -> int:
     ap.add_argument("--split", default="val", choices=("val", "test"))
     ap.add_argument("--seeds", default="0,1", help="case sets (brats_native.make_cases seeds)")
     ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--channel", default="auto", choices=("auto", "volume", "grid", "slice"),
+                    help="the model's classic-fill channel (imggen.volumes.corrections)")
     ap.add_argument("--work", default="runs/brats_native")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--stem", default="brats_correction")
@@ -83,7 +85,7 @@ def main(argv=None) -> int:
         folder = Path(args.work) / (f"cases-{args.split}" + (f"-s{seed}" if seed else ""))
         make_cases(folder, args.split, seed=seed)
         for case in find_cases(folder):
-            res, t = case_scores(model, case, args.samples, settings)
+            res, t = case_scores(model, case, args.samples, settings, args.channel)
             names.append(f"{case.name} (seed {seed})")
             secs.append(t)
             for k in settings:

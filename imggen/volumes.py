@@ -242,8 +242,10 @@ def corrections(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples:
     slice grid: for method "correct", each draw minus the native 3-D fill (both on the model's grid, where
     the model filled); for "replace" the draws themselves. A 2.5-D context model (model.context_slices = s)
     sees each slice's voided neighbours z-s..z+s with their holes. `channel`, for a model with a
-    classic-fill context channel: "volume" gives it the volume's 3-D fill on its grid, "slice" the 2-D
-    fill of the slice; "auto" is "volume" for model.context_fill "biharmonic3d", else "slice"."""
+    classic-fill context channel: "volume" gives it the volume's native 3-D fill resized to its grid,
+    "grid" the 3-D fill of the hole's slices resized to its grid (as its training fills are made;
+    measured: no better, bench/brats_correction.py --channel grid), "slice" the 2-D fill of the
+    slice; "auto" is "volume" for model.context_fill "biharmonic3d", else "slice"."""
     from imggen.classic import biharmonic
     from imggen.datasets.brats import image_to_ras_slice, intensity_range, ras_slice_to_image
     from imggen.sampling import inpaint_images
@@ -271,6 +273,12 @@ def corrections(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples:
     def low_base(k):  # the 3-D fill of slice k on the model's grid, image orientation
         return _down(ras_slice_to_image(base[:, :, k]), cfg.height, cfg.width)
 
+    if channel == "grid" and samples:  # the hole's 3-D fill on the model's grid, as brats-demo's training fills
+        zs = list(range(max(ks[0] - 2, 0), min(ks[-1] + 3, mask_ras.shape[2])))
+        stack = np.stack([at(k)[0][0] for k in zs]).astype(np.float64)
+        grid = biharmonic(stack, np.stack([at(k)[1] for k in zs]),
+                          (spacing[2], spacing[1] * y / cfg.height, spacing[0] * x / cfg.width), rtol=1e-6)
+        grid = {k: np.clip(np.round(g), 0, 255).astype(np.float32) for k, g in zip(zs, grid)}
     s = cfg.context_slices
     for i in range(0, len(ks) if samples else 0, batch_size):  # samples 0: the 3-D fill alone
         chunk = ks[i:i + batch_size]
@@ -279,8 +287,9 @@ def corrections(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples:
         images, masks = torch.from_numpy(np.stack([a for a, _ in ins])), torch.from_numpy(np.stack([m for _, m in ins]))
         lows = {k: low_base(k) for k in chunk} if base is not None else {}
         fills = None
-        if channel == "volume":
-            fills = torch.from_numpy(np.stack([np.repeat(lows[k][None], cfg.channels, 0) for k in chunk]))
+        if channel in ("volume", "grid"):
+            ch = lows if channel == "volume" else grid
+            fills = torch.from_numpy(np.stack([np.repeat(ch[k][None], cfg.channels, 0) for k in chunk]))
         context = None
         if s:  # 2.5-D: the voided slices k-s..k+s with their holes; one outside the volume is zero, all unknown
             z = mask_ras.shape[2]

@@ -390,3 +390,37 @@ def test_the_correction_is_weighed_linearly_and_weight_0_is_the_clipped_3d_fill(
         d = np.diff(np.where(m, f - f0, 0.0), axis=2)
         return np.abs(d)[m[:, :, 1:] & m[:, :, :-1]].mean()
     assert z_steps(f1) < 0.8 * z_steps(raw)
+
+
+def test_grid_channel_is_the_3d_fill_of_the_resized_slices(tmp_path, monkeypatch):
+    """corrections(channel="grid") gives a biharmonic3d model, as its classic-fill channel, the 3-D fill of the
+    hole's slices resized to its grid (what brats-demo's and BraTS folders' training fills are): on a volume
+    linear in x, y and z the fill continues the plane, so the channel equals the resized slices without
+    their hole; known pixels are the model's inputs."""
+    from imggen.datasets.brats import intensity_range, ras_slice_to_image
+    from imggen.volumes import _down, corrections, slice_inputs
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(height=8, width=8, channels=1, bits=8, dim=32, layers=2, heads=2, attention="local2d,band",
+                      window=16, radius=2, context="unet", context_width=8, context_fill="biharmonic3d",
+                      backend="cpu")
+    model = ImageTransformer(cfg).eval()
+    seen = []
+    make = model.make_context
+    monkeypatch.setattr(model, "make_context", lambda im, m, fills: seen.append((im, m, fills)) or make(im, m, fills))
+    x, y, z = np.meshgrid(np.arange(24), np.arange(20), np.arange(12), indexing="ij")
+    vol = 200.0 + 10 * x + 6 * y + 15 * z
+    m = hole()
+    corrections(model, vol, m, samples=1, channel="grid", batch_size=64)
+    (images, masks, fills), = seen
+    ks = np.flatnonzero(m.any((0, 1)))
+    lo, hi = intensity_range(np.where(m, 0.0, vol), "volume")
+    norm = np.clip((vol - lo) / (hi - lo), 0, 1) * 255
+    for i, k in enumerate(ks):
+        unknown = masks[i].numpy()
+        assert unknown.any()
+        img, _ = slice_inputs(model, norm[:, :, k], m[:, :, k])
+        f = fills[i, 0].numpy()
+        assert np.array_equal(f[~unknown], img[0][~unknown].astype(np.float32))
+        truth = _down(ras_slice_to_image(norm[:, :, k]), 8, 8)
+        assert np.abs(f[unknown] - truth[unknown]).max() <= 1.5  # the channel is rounded to integers
