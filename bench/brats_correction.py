@@ -63,6 +63,44 @@ def case_scores(model, case: Path, samples: int, settings, channel: str = "auto"
     return out, secs
 
 
+def report(scores: dict, settings: list, names: list, secs: list, args) -> tuple[str, dict]:
+    """The markdown table of every setting (mean scores, paired differences) and the JSON data."""
+    from imggen.volumes import SMOOTH_MM, WEIGHT
+
+    def col(k, metric):
+        return [s[metric] for s in scores[k]]
+
+    def d(p):
+        return f"{p['mean']:+.3f} ({p['ci95'][0]:+.3f} to {p['ci95'][1]:+.3f})"
+    best = max(settings[1:], key=lambda k: (np.mean(col(k, "ssim")), np.mean(col(k, "psnr"))))
+    rows = []
+    for k in settings:
+        vs0 = [paired(col(k, m), col((0.0, 0.0), m)) for m in ("psnr", "ssim")]
+        vs1 = [paired(col(k, m), col((0.0, 1.0), m)) for m in ("psnr", "ssim")]
+        label = "clipped 3-D fill (no model)" if k == (0.0, 0.0) else f"{k[0]:g} mm, weight {k[1]:g}"
+        label += " (before)" if k == (0.0, 1.0) else ""
+        label += " **chosen**" if args.split == "val" and k == best else ""
+        label += " (default)" if k == (SMOOTH_MM, WEIGHT) else ""
+        rows.append([label, f"{np.mean(col(k, 'psnr')):.2f}", f"{np.mean(col(k, 'ssim')):.4f}", d(vs0[0]), d(vs0[1]),
+                     d(vs1[0]), d(vs1[1])])
+    head = ["z smoothing, weight", "PSNR", "SSIM", "PSNR - clipped 3-D", "SSIM - clipped 3-D", "PSNR - before",
+            "SSIM - before"]
+    md = "\n".join([
+        f"# How much of the model's correction to keep ({args.split}, {len(names)} cases at 240x240x155, "
+        f"channel {args.channel})", "",
+        f"`{command_line('brats_correction.py')}` on {cpu_model()}; K = {args.samples} draws per slice, drawn once "
+        f"per case ({np.mean(secs):.0f} s a case), every setting scored with the organisers' metrics; paired 95% "
+        f"bootstrap intervals over cases.", "",
+        md_table(head, rows), "",
+        (f"Chosen on val (highest mean SSIM): {best[0]:g} mm, weight {best[1]:g}; imggen.volumes uses "
+         f"SMOOTH_MM = {SMOOTH_MM:g}, WEIGHT = {WEIGHT:g}." if args.split == "val" else
+         f"imggen.volumes uses SMOOTH_MM = {SMOOTH_MM:g}, WEIGHT = {WEIGHT:g} (chosen on val)."), "",
+        "Cases: " + ", ".join(names)])
+    data = {"cases": names, "seconds": secs, "best": list(best),
+            "scores": {f"{k[0]:g},{k[1]:g}": scores[k] for k in settings}}
+    return md, data
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", required=True, help="run folder of a brats64 (context) model")
@@ -76,7 +114,7 @@ def main(argv=None) -> int:
     ap.add_argument("--stem", default="brats_correction")
     args = ap.parse_args(argv)
     from imggen.checkpoint import load_model
-    from imggen.volumes import SMOOTH_MM, WEIGHT, find_cases
+    from imggen.volumes import find_cases
 
     model = load_model(args.checkpoint)
     settings = [(0.0, 0.0)] + [(s, w) for s in SMOOTH_GRID for w in WEIGHT_GRID]
@@ -94,36 +132,7 @@ def main(argv=None) -> int:
                   f"{res[(0.0, 0.0)]['ssim']:.4f}, before {res[(0.0, 1.0)]['psnr']:.2f} / "
                   f"{res[(0.0, 1.0)]['ssim']:.4f}", flush=True)
 
-    def col(k, metric):
-        return [s[metric] for s in scores[k]]
-
-    def d(p):
-        return f"{p['mean']:+.3f} ({p['ci95'][0]:+.3f} to {p['ci95'][1]:+.3f})"
-    best = max(settings[1:], key=lambda k: (np.mean(col(k, "ssim")), np.mean(col(k, "psnr"))))
-    rows = []
-    for k in settings:
-        vs0 = [paired(col(k, m), col((0.0, 0.0), m)) for m in ("psnr", "ssim")]
-        vs1 = [paired(col(k, m), col((0.0, 1.0), m)) for m in ("psnr", "ssim")]
-        label = "clipped 3-D fill (no model)" if k == (0.0, 0.0) else f"{k[0]:g} mm, weight {k[1]:g}"
-        label += " (before)" if k == (0.0, 1.0) else ""
-        label += " **chosen**" if args.split == "val" and k == best else ""
-        label += " (default)" if k == (SMOOTH_MM, WEIGHT) else ""
-        rows.append([label, f"{np.mean(col(k, 'psnr')):.2f}", f"{np.mean(col(k, 'ssim')):.4f}", d(vs0[0]), d(vs0[1]), d(vs1[0]),
-                     d(vs1[1])])
-    head = ["z smoothing, weight", "PSNR", "SSIM", "PSNR - clipped 3-D", "SSIM - clipped 3-D", "PSNR - before",
-            "SSIM - before"]
-    md = "\n".join([
-        f"# How much of the model's correction to keep ({args.split}, {len(names)} cases at 240x240x155)", "",
-        f"`{command_line('brats_correction.py')}` on {cpu_model()}; K = {args.samples} draws per slice, drawn once "
-        f"per case ({np.mean(secs):.0f} s a case), every setting scored with the organisers' metrics; paired 95% "
-        f"bootstrap intervals over cases.", "",
-        md_table(head, rows), "",
-        (f"Chosen on val (highest mean SSIM): {best[0]:g} mm, weight {best[1]:g}; imggen.volumes uses "
-         f"SMOOTH_MM = {SMOOTH_MM:g}, WEIGHT = {WEIGHT:g}." if args.split == "val" else
-         f"imggen.volumes uses SMOOTH_MM = {SMOOTH_MM:g}, WEIGHT = {WEIGHT:g} (chosen on val)."), "",
-        "Cases: " + ", ".join(names)])
-    data = {"cases": names, "seconds": secs, "best": list(best),
-            "scores": {f"{k[0]:g},{k[1]:g}": scores[k] for k in settings}}
+    md, data = report(scores, settings, names, secs, args)
     write_results(args.out, f"{args.stem}_{args.split}", data, md)
     print(md)
     return 0
