@@ -222,8 +222,9 @@ def paired(a, b, seed: int = 0) -> dict:
 
 def pairs_to(r: dict, base: dict) -> dict:
     """Paired differences r - base (organisers' PSNR and SSIM) per case and per hole slice."""
-    return {"per_case": {m: paired([c[m] for c in r["cases"]], [c[m] for c in base["cases"]]) for m in ("psnr", "ssim")},
-            "per_slice": {m: paired(r["slices"][m], base["slices"][m]) for m in ("psnr", "ssim")}}
+    metrics = ("psnr", "ssim")
+    return {"per_case": {m: paired([c[m] for c in r["cases"]], [c[m] for c in base["cases"]]) for m in metrics},
+            "per_slice": {m: paired(r["slices"][m], base["slices"][m]) for m in metrics}}
 
 
 def _d(p) -> str:

@@ -11,7 +11,8 @@ Per case:
    spacing of the 3-D fill), as the training adapter (imggen.datasets.brats) reads volumes;
 2. intensities as in training: `normalise_volume` (brain percentiles -> [0, 255]), with the hole
    counted as void (it is 0 in the voided input);
-3. the classic fill first: the volume's 3-D biharmonic fill at native resolution (imggen.classic);
+3. the classic fill first: the volume's 3-D biharmonic fill at native resolution (imggen.classic),
+   solved on those clipped intensities (so it cannot overshoot the brain's range);
 4. every axial slice that intersects the mask: image orientation (`ras_slice_to_image`), resized
    to the model's H x W. Known pixels are a normalised convolution of the known voxels only (so the
    void never darkens the tissue next to the hole); a model pixel is unknown when more than half of
@@ -260,7 +261,8 @@ def corrections(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples:
     ks = [k for k in range(mask_ras.shape[2]) if mask_ras[:, :, k].any()]
     x, y = values_ras.shape[:2]
     box = tuple(slice(int(i.min()), int(i.max()) + 1) for i in np.nonzero(mask_ras.any(2)))
-    out = np.zeros((samples, box[0].stop - box[0].start, box[1].stop - box[1].start, ks[-1] - ks[0] + 1), np.float32)
+    out = np.zeros((samples, box[0].stop - box[0].start, box[1].stop - box[1].start, ks[-1] - ks[0] + 1),
+                   np.float32)
     cfg = model.config
     bar = tqdm(total=len(ks) if samples else 0, desc=progress, unit="slice", disable=progress is None)
     inputs = {}  # slice k -> its model inputs (a 2.5-D context reads each one for several slices)

@@ -149,7 +149,8 @@ def test_the_fill_joins_the_tissue_without_a_seam(tmp_path, capsys, kind):
     cases, out = tmp_path / "cases", tmp_path / "pred"
     make_case(cases, "seam", None, vol=vol)
     run = random_run(tmp_path)
-    rc, _, err = run_cli(capsys, "--checkpoint", run, "--brats", cases, "--out", out, "--no-progress", "--device", "cpu")
+    rc, _, err = run_cli(capsys, "--checkpoint", run, "--brats", cases, "--out", out, "--no-progress",
+                         "--device", "cpu")
     assert rc == 0, err
     full = tmp_path / "full"  # the whole correction (weight 1, not smoothed): the seam must hold for it too
     full.mkdir()

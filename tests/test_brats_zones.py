@@ -181,7 +181,8 @@ def test_correction_sweep_scores_every_setting_of_one_case(tmp_path):
     torch.manual_seed(0)
     cfg = ModelConfig(height=8, width=8, channels=1, bits=8, dim=32, layers=2, heads=2, attention="local2d,band",
                       window=16, radius=2, context="unet", context_width=8, context_fill="biharmonic3d", backend="cpu")
-    save_checkpoint(str(tmp_path / "run"), 1, ImageTransformer(cfg), Config(model=cfg, train=TrainConfig(task="inpaint")))
+    save_checkpoint(str(tmp_path / "run"), 1, ImageTransformer(cfg),
+                    Config(model=cfg, train=TrainConfig(task="inpaint")))
     rng = np.random.default_rng(4)
     vol = np.zeros((40, 44, 120), np.float32)
     vol[5:35, 6:38, 2:118] = rng.uniform(20, 200, (30, 32, 116))
