@@ -5,9 +5,9 @@
 
 `sample.py --brats` fills a hole with the native 3-D biharmonic fill of the percentile-clipped volume
 plus the model's correction, drawn slice by slice (imggen.volumes). This script draws the K
-corrections of every case once (`imggen.volumes.corrections`) and scores every setting of the grid
+corrections of every case once (`imggen.volume_fill.corrections`) and scores every setting of the grid
 below with the organisers' metrics (`imggen.eval.metrics.brats_inpainting_metrics`: SSIM on
-sagittal planes, PSNR with data range 1) through `imggen.volumes.apply_corrections`:
+sagittal planes, PSNR with data range 1) through `imggen.volume_fill.apply_corrections`:
 
 * smoothing across slices: Gaussian sigma SMOOTH_GRID mm along z, from hole voxels only
   (`smooth_across_slices`; 0 = none, the fill before);
@@ -43,7 +43,8 @@ def case_scores(model, case: Path, samples: int, settings, channel: str = "auto"
     """{(smooth_mm, weight): organisers' scores} of one case folder; seconds of its draws."""
     from imggen.eval.brats_eval import _read
     from imggen.eval.metrics import brats_inpainting_metrics
-    from imggen.volumes import apply_corrections, corrections, read_case
+    from imggen.volume_fill import apply_corrections, corrections
+    from imggen.volumes import read_case
 
     vol, mask = read_case(case)
     v, m, sp = vol.to_ras(vol.values), vol.to_ras(mask), vol.spacing_ras()
@@ -65,7 +66,7 @@ def case_scores(model, case: Path, samples: int, settings, channel: str = "auto"
 
 def report(scores: dict, settings: list, names: list, secs: list, args) -> tuple[str, dict]:
     """The markdown table of every setting (mean scores, paired differences) and the JSON data."""
-    from imggen.volumes import SMOOTH_MM, WEIGHT
+    from imggen.volume_fill import SMOOTH_MM, WEIGHT
 
     def col(k, metric):
         return [s[metric] for s in scores[k]]
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="0,1", help="case sets (brats_native.make_cases seeds)")
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--channel", default="auto", choices=("auto", "volume", "grid", "slice"),
-                    help="the model's classic-fill channel (imggen.volumes.corrections)")
+                    help="the model's classic-fill channel (imggen.volume_fill.corrections)")
     ap.add_argument("--work", default="runs/brats_native")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--stem", default="brats_correction")

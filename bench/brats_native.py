@@ -18,12 +18,12 @@ Methods, each writing PRED/<method>/<case>-t1n-inference.nii.gz:
 * biharmonic 2-D: every axial slice on its own (imggen.classic, skimage's equations);
 * biharmonic 3-D: the whole volume at once, in its stored intensities;
 * biharmonic 3-D, clipped: the same solve on the volume clipped to its brain's 0.5-99.5 percentiles
-  (the intensities the model reads; imggen.volumes.fill_volume with weight 0): imggen's fill without
+  (the intensities the model reads; imggen.volume_fill.fill_volume with weight 0): imggen's fill without
   its model, so the model's own part shows;
 * imggen: the README's command, verbatim: `sample.py --checkpoint RUN --brats CASES --out PRED
   --samples K --reduce mean` (its default fill: the clipped 3-D fill plus the model's correction,
   smoothed across slices and weighed as bench/brats_correction.py chose on val cases);
-* `--variants [unsmoothed replace slice]`: other fills of imggen.volumes.fill_volume through Python:
+* `--variants [unsmoothed replace slice]`: other fills of imggen.volume_fill.fill_volume through Python:
   the unsmoothed full correction (the default before), the model's fill upsampled in place of the
   hole (method "replace", the fill before that), and the correction with the slice's 2-D fill as
   the model's classic-fill channel (channel "slice").

@@ -11,7 +11,7 @@ import torch
 from imggen.checkpoint import load_model
 from imggen.cli import sample_main, train_main
 from imggen.config import preset
-from imggen.volumes import slice_inputs
+from imggen.volume_fill import slice_inputs
 
 
 def test_brats64_preset_is_a_64px_inpainting_model():

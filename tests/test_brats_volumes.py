@@ -11,7 +11,8 @@ from imggen.checkpoint import load_model, save_checkpoint
 from imggen.cli import sample_main
 from imggen.config import Config, ModelConfig, TrainConfig
 from imggen.model import ImageTransformer
-from imggen.volumes import WEIGHT, Volume, edge_taper, inpaint_case
+from imggen.volume_fill import WEIGHT, edge_taper
+from imggen.volumes import Volume, inpaint_case
 
 torch.set_num_threads(1)
 SHAPE = (24, 20, 12)
@@ -229,7 +230,7 @@ def test_uncertainty_volume(tmp_path, capsys, k):
     assert (s[~m] == 0).all()
     if k == 1:
         assert (s == 0).all()
-    else:  # a random model's draws disagree, where its correction has weight (imggen.volumes.edge_taper)
+    else:  # a random model's draws disagree, where its correction has weight (imggen.volume_fill.edge_taper)
         inner = edge_taper(m) > 0
         assert inner.any() and (s[inner] > 0).mean() > 0.5 and (s >= 0).all()
 
@@ -303,7 +304,7 @@ def test_25d_model_trains_fills_a_volume_and_refuses_one_png(tmp_path, capsys):
 
     from imggen.config import DataConfig
     from imggen.training import train
-    from imggen.volumes import fill_volume
+    from imggen.volume_fill import fill_volume
 
     cfg = Config(preset="brats64", model=_model_cfg(size=16), data=DataConfig(spec="brats-demo"),
                  train=TrainConfig(task="inpaint", steps=2, batch_size=2, eval_images=2, sample_num=1, warmup=1,
@@ -342,7 +343,7 @@ def test_25d_model_trains_fills_a_volume_and_refuses_one_png(tmp_path, capsys):
 def test_smoothing_across_slices_against_a_direct_sum(sigma):
     """smooth_across_slices: each hole voxel gets the Gaussian-weighted mean of the hole voxels of its column
     (z), every other voxel 0; a direct double loop over the taps is the reference."""
-    from imggen.volumes import smooth_across_slices
+    from imggen.volume_fill import smooth_across_slices
 
     rng = np.random.default_rng(int(sigma * 10))
     c = rng.normal(size=(3, 5, 4, 11))
@@ -370,7 +371,7 @@ def test_the_correction_is_weighed_linearly_and_weight_0_is_the_clipped_3d_fill(
     from imggen.checkpoint import load_model
     from imggen.classic import biharmonic
     from imggen.datasets.brats import intensity_range
-    from imggen.volumes import fill_volume
+    from imggen.volume_fill import fill_volume
 
     rng = np.random.default_rng(6)
     vol, m = brain(rng).astype(np.float64), hole()
@@ -399,7 +400,7 @@ def test_grid_channel_is_the_3d_fill_of_the_resized_slices(tmp_path, monkeypatch
     linear in x, y and z the fill continues the plane, so the channel equals the resized slices without
     their hole; known pixels are the model's inputs."""
     from imggen.datasets.brats import intensity_range, ras_slice_to_image
-    from imggen.volumes import _down, corrections, slice_inputs
+    from imggen.volume_fill import _down, corrections, slice_inputs
 
     torch.manual_seed(0)
     cfg = ModelConfig(height=8, width=8, channels=1, bits=8, dim=32, layers=2, heads=2, attention="local2d,band",

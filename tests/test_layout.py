@@ -125,7 +125,7 @@ LAYERS = [
     ("model", ["imggen.model"]),
     ("checkpoint", ["imggen.checkpoint"]),
     ("sampling", ["imggen.sampling"]),
-    ("volumes, eval", ["imggen.volumes", "imggen.eval"]),
+    ("volumes, eval", ["imggen.volumes", "imggen.volume_fill", "imggen.eval"]),
     ("training", ["imggen.training"]),
     ("cli", ["imggen.cli"]),
     ("the eval command", ["imggen.eval.__main__"]),
