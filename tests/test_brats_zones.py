@@ -170,7 +170,7 @@ def test_report_gives_the_models_part_against_the_clipped_3d_fill():
 
 def test_correction_sweep_scores_every_setting_of_one_case(tmp_path):
     """bench/brats_correction.py's per-case scoring: weight 0 is the clipped 3-D fill whatever the smoothing,
-    and every setting gets the organisers' scores."""
+    every setting gets the organisers' scores, and the model's grid gets both fills' PSNR."""
     pytest.importorskip("nibabel")
     import brats_correction
 
@@ -190,7 +190,10 @@ def test_correction_sweep_scores_every_setting_of_one_case(tmp_path):
     settings = [(0.0, 0.0), (2.0, 0.0), (0.0, 1.0), (2.0, 0.5)]
     out, secs = brats_correction.case_scores(load_model(str(tmp_path / "run"), device="cpu"),
                                              tmp_path / "cases" / "mni-val-00", 2, settings)
+    grid = out.pop("grid")
     assert set(out) == set(settings) and secs > 0
     assert out[(0.0, 0.0)] == out[(2.0, 0.0)]
     assert all(np.isfinite(v["psnr"]) and 0 < v["ssim"] <= 1 for v in out.values())
+    assert set(grid) == {"base", "model"} and all(np.isfinite(v) for v in grid.values())
+    assert grid["base"] != grid["model"]  # the random model's draws move the fill
     assert out[(0.0, 1.0)]["psnr"] != out[(0.0, 0.0)]["psnr"]
