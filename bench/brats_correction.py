@@ -116,9 +116,9 @@ def report(scores: dict, settings: list, names: list, secs: list, grid: list, ar
         f"per case ({np.mean(secs):.0f} s a case), every setting scored with the organisers' metrics; paired 95% "
         f"bootstrap intervals over cases.", "",
         md_table(head, rows), "",
-        (f"Chosen on val (highest mean SSIM): {best[0]:g} mm, weight {best[1]:g}; imggen.volumes uses "
+        (f"Chosen on val (highest mean SSIM): {best[0]:g} mm, weight {best[1]:g}; imggen.volume_fill uses "
          f"SMOOTH_MM = {SMOOTH_MM:g}, WEIGHT = {WEIGHT:g}." if args.split == "val" else
-         f"imggen.volumes uses SMOOTH_MM = {SMOOTH_MM:g}, WEIGHT = {WEIGHT:g} (chosen on val)."), "",
+         f"imggen.volume_fill uses SMOOTH_MM = {SMOOTH_MM:g}, WEIGHT = {WEIGHT:g} (chosen on val)."), "",
         f"At the model's own grid (the pixels it fills, PSNR with peak 255 in its intensities): the clipped 3-D "
         f"fill resized {np.mean(gb):.2f} dB, the mean of the K draws {np.mean(gm):.2f} dB; draws - fill "
         f"{d(paired(gm, gb))} dB per case.", "",
