@@ -56,7 +56,7 @@ def case_scores(model, case: Path, samples: int, settings, channel: str = "auto"
     voided = _read(case / f"{n}-t1n-voided.nii.gz")
     out = {}
     for smooth, weight in settings:
-        fill = apply_corrections(c, m, weight=weight, smooth_mm=smooth, spacing=sp)[0]
+        fill = apply_corrections(c, m, weight=weight, smooth_mm=smooth)[0]
         pred = np.where(mask, vol.to_raw(vol.from_ras(fill)), vol.raw).astype(np.float64)
         if vol.scaling:
             pred = pred * vol.scaling[0] + vol.scaling[1]

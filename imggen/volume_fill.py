@@ -69,13 +69,16 @@ class Corrections:
     """A volume's native 3-D fill and the model's draws of its correction (fill_volume's parts).
     lo, hi: the percentile scaling (values = lo + x / 255 * (hi - lo)); base: the 3-D biharmonic fill of the
     scaled volume (X, Y, Z; None for method "replace"); ks: the hole's axial slices; box: the hole's (X, Y)
-    box; draws: (K, box X, box Y, ks[0]..ks[-1]) per-draw corrections (method "replace": the draws)."""
+    box; draws: (K, box X, box Y, ks[0]..ks[-1]) per-draw corrections (method "replace": the draws);
+    spacing: the voxel size (mm); taper: edge_taper of the hole on draws' grid (None for "replace")."""
     lo: float
     hi: float
     base: np.ndarray | None
     ks: list
     box: tuple
     draws: np.ndarray
+    spacing: tuple
+    taper: np.ndarray | None
 
 
 def corrections(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples: int = 1, rank: int = 1,
@@ -154,11 +157,13 @@ def corrections(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples:
             out[..., k - ks[0]] = up[:, box[0], box[1]]
         bar.update(len(chunk))
     bar.close()
-    return Corrections(lo, hi, base if method == "correct" else None, ks, box, out)
+    correct = method == "correct"
+    taper = edge_taper(mask_ras, spacing)[box[0], box[1], ks[0]:ks[-1] + 1] if correct else None
+    return Corrections(lo, hi, base if correct else None, ks, box, out, tuple(spacing), taper)
 
 
 def apply_corrections(c: Corrections, mask_ras: np.ndarray, *, reduce: str = "mean", weight: float = WEIGHT,
-                      smooth_mm: float = SMOOTH_MM, spacing=(1.0, 1.0, 1.0)) -> tuple[np.ndarray, np.ndarray]:
+                      smooth_mm: float = SMOOTH_MM) -> tuple[np.ndarray, np.ndarray]:
     """(fill, std) of fill_volume from its parts: base + edge_taper * weight * (the draws' corrections
     smoothed across slices), or (c.base None) the draws themselves; mapped back to the volume's
     intensities, reduced over the draws (mean / median) and their std, both zero outside the mask."""
@@ -166,8 +171,7 @@ def apply_corrections(c: Corrections, mask_ras: np.ndarray, *, reduce: str = "me
     bx, by = c.box
     hole = mask_ras[bx, by, c.ks[0]:c.ks[-1] + 1]
     if c.base is not None:
-        taper = edge_taper(mask_ras, spacing)[bx, by, c.ks[0]:c.ks[-1] + 1]
-        corr = weight * smooth_across_slices(c.draws, hole, smooth_mm / spacing[2]) * taper
+        corr = weight * smooth_across_slices(c.draws, hole, smooth_mm / c.spacing[2]) * c.taper
     for k in c.ks:
         if c.base is None:
             up = np.zeros((len(c.draws),) + mask_ras.shape[:2])
@@ -202,7 +206,7 @@ def fill_volume(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples:
     if method == "correct" and weight == 0:
         samples = 0  # the 3-D fill alone: no draws
     c = corrections(model, values_ras, mask_ras, samples=samples, method=method, spacing=spacing, **kw)
-    return apply_corrections(c, mask_ras, reduce=reduce, weight=weight, smooth_mm=smooth_mm, spacing=spacing)
+    return apply_corrections(c, mask_ras, reduce=reduce, weight=weight, smooth_mm=smooth_mm)
 
 
 def smooth_across_slices(c: np.ndarray, hole: np.ndarray, sigma: float) -> np.ndarray:

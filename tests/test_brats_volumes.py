@@ -20,10 +20,10 @@ SHAPE = (24, 20, 12)
 AFFINE = np.array([[-1.0, 0, 0, 30], [0, 0, 1.0, -20], [0, -1.0, 0, 40], [0, 0, 0, 1]])
 
 
-def _model_cfg(context="unet", size=8):
+def _model_cfg(context="unet", size=8, fill="none"):
     return ModelConfig(height=size, width=size, channels=1, bits=8, dim=32, layers=2, heads=2,
                        attention="local2d,band", window=2 * size, radius=2, context=context, context_width=8,
-                       backend="cpu")
+                       context_fill=fill, backend="cpu")
 
 
 def random_run(tmp_path, context="unet"):
@@ -403,10 +403,7 @@ def test_grid_channel_is_the_3d_fill_of_the_resized_slices(tmp_path, monkeypatch
     from imggen.volume_fill import _down, corrections, slice_inputs
 
     torch.manual_seed(0)
-    cfg = ModelConfig(height=8, width=8, channels=1, bits=8, dim=32, layers=2, heads=2, attention="local2d,band",
-                      window=16, radius=2, context="unet", context_width=8, context_fill="biharmonic3d",
-                      backend="cpu")
-    model = ImageTransformer(cfg).eval()
+    model = ImageTransformer(_model_cfg(fill="biharmonic3d")).eval()
     seen = []
     make = model.make_context
     monkeypatch.setattr(model, "make_context", lambda im, m, fills: seen.append((im, m, fills)) or make(im, m, fills))
