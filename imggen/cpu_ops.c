@@ -81,9 +81,49 @@ void imggen_gelu_f32(const float *x, float *out, int64_t n) {
 void imggen_gelu_backward_f32(const float *dy, const float *x, float *out, int64_t n) {
     each16(gelu_backward_f32, (const char *)x, (const char *)dy, (char *)out, n, 4);
 }
-void imggen_gelu_bf16(const uint16_t *x, uint16_t *out, int64_t n) {
+/* bfloat16 by table. A bfloat16 input takes one of 65,536 values, so the forward is one lookup of
+ * the vector kernel's own result for it, and the backward one float32 lookup of d gelu / dx times dy:
+ * the vector backward's last operation is that product, so both are bit-identical to computing each
+ * element (tests/test_cpu_ops.py checks every input). Tables: 128 KB + 256 KB, filled once by
+ * imggen_gelu_init (from cpu_ops.py, before any call). */
+static uint16_t gelu_table[65536];
+static float gelu_grad_table[65536];
+
+void imggen_gelu_init(void) {
+    for (int32_t i = 0; i < 65536; i += 16) {
+        uint16_t x[16];
+        for (int j = 0; j < 16; j++) x[j] = (uint16_t)(i + j);
+        gelu_bf16(x, NULL, gelu_table + i);
+        store16(gelu_grad_table + i, vgelu_grad(load_bf16(x), splat(1.0f)));
+    }
+}
+
+/* the vector kernels the tables hold, element by element (tests compare the two) */
+void imggen_gelu_bf16_direct(const uint16_t *x, uint16_t *out, int64_t n) {
     each16(gelu_bf16, (const char *)x, NULL, (char *)out, n, 2);
 }
-void imggen_gelu_backward_bf16(const uint16_t *dy, const uint16_t *x, uint16_t *out, int64_t n) {
+void imggen_gelu_backward_bf16_direct(const uint16_t *dy, const uint16_t *x, uint16_t *out, int64_t n) {
     each16(gelu_backward_bf16, (const char *)x, (const char *)dy, (char *)out, n, 2);
+}
+
+void imggen_gelu_bf16(const uint16_t *x, uint16_t *out, int64_t n) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) out[i] = gelu_table[x[i]];
+}
+
+void imggen_gelu_backward_bf16(const uint16_t *dy, const uint16_t *x, uint16_t *out, int64_t n) {
+    int64_t body = n - n % 16;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < body; i += 16) {
+        float g[16];
+        for (int j = 0; j < 16; j++) g[j] = gelu_grad_table[x[i + j]];
+        store_bf16(out + i, load_bf16(dy + i) * load16(g));
+    }
+    if (body < n) {
+        uint16_t tdy[16] = {0}, tx[16] = {0}, tout[16];
+        memcpy(tdy, dy + body, (n - body) * 2);
+        memcpy(tx, x + body, (n - body) * 2);
+        imggen_gelu_backward_bf16(tdy, tx, tout, 16);
+        memcpy(out + body, tout, (n - body) * 2);
+    }
 }

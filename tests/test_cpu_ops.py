@@ -151,3 +151,24 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch):
     assert not cpu_ops.available()  # tried once per process: no second warning
     h = torch.randn(6, requires_grad=True)
     assert torch.equal(cpu_ops.gelu(h), F.gelu(h, approximate="tanh"))
+
+
+@needs_c
+@pytest.mark.parametrize("n", [65536, 65536 - 5])
+def test_bf16_tables_equal_the_vector_kernels_on_every_input(n):
+    """The bfloat16 kernels look their results up: bit for bit what the vector kernels compute, for
+    each of the 65,536 bfloat16 inputs (inf and NaN included), forward and backward, tail included."""
+    h = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)[:n]
+    dy = torch.randn(n, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    lib, (fwd, bwd), (fwd_d, bwd_d) = cpu_ops._lib, cpu_ops._KERNELS[torch.bfloat16], cpu_ops._DIRECT
+    got, want = torch.empty_like(h), torch.empty_like(h)
+    getattr(lib, fwd)(h.data_ptr(), got.data_ptr(), n)
+    getattr(lib, fwd_d)(h.data_ptr(), want.data_ptr(), n)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    getattr(lib, bwd)(dy.data_ptr(), h.data_ptr(), got.data_ptr(), n)
+    getattr(lib, bwd_d)(dy.data_ptr(), h.data_ptr(), want.data_ptr(), n)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    finite = h.isfinite()  # and the tables agree with torch's float64 GELU to one bfloat16 unit
+    want_y = F.gelu(h[finite].double(), approximate="tanh")
+    y = cpu_ops.gelu_forward(h)[finite].double()
+    assert ((y - want_y).abs() <= want_y.to(torch.bfloat16).double().abs() * 2.0 ** -7 + 1e-6).all()

@@ -8,7 +8,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-_MIN_CHUNK, _MAX_CHUNK = 1 << 18, 1 << 22  # scores per chunk
+_MIN_CHUNK, _MAX_CHUNK = 1 << 18, 1 << 22  # scores per chunk (about as many as q holds elements, within these)
 
 
 class Windows:
@@ -64,7 +64,7 @@ class Windows:
     def chunks(self, slices: int, d: int) -> list[tuple[int, int, int, int]]:
         """(c0, c1, q0, q1): slices [c0, c1) x query blocks [q0, q1), whole slices or part of one,
         each holding about one chunk of scores."""
-        limit = min(_MAX_CHUNK, max(_MIN_CHUNK, slices * self.nqb * self.block * d // 4))
+        limit = min(_MAX_CHUNK, max(_MIN_CHUNK, slices * self.nqb * self.block * d))
         per_slice = self.nqb * self.block * self.span
         if per_slice <= limit:
             step = max(1, limit // per_slice)
