@@ -378,20 +378,31 @@ def honest_split(patient: np.ndarray, z: np.ndarray, seed: int = 0, gap: int = D
     return {"train": np.flatnonzero(far), **held}
 
 
-def demo_split_fills(variants, bank, blob, splits, zs, height, width, channels) -> dict[str, np.ndarray]:
+def demo_split_fills(bank, blob, splits, zs, height, width, channels) -> dict[str, np.ndarray]:
     """uint8 (N, C, H, W) per split: brats-demo's images with their holes' 3-D biharmonic fills
-    (imggen.datasets.brats_fills), in load_demo's order (variant by variant)."""
+    (imggen.datasets.brats_fills), in load_demo's order (variant by variant). The fills are computed
+    on the stored slices (128 px) and resized to the model's grid, as `sample.py --brats` resizes
+    the fill it computes at native resolution (imggen.volume_fill): a fill solved on the coarse
+    grid is a weaker channel than the one the model is given at inference (bench/RESULTS.md 14)."""
     from imggen.datasets.brats_fills import cached, demo_fills
+
+    base = np.load(DEMO_FILE)["images"].astype(np.float32)
+    size = max(base.shape[-1], height, width)
+    stored = np.stack([_resize(b, size, size) for b in base])
+    variants = {"orig": stored, "flip": stored[:, :, ::-1], "gamma0.8": 255.0 * (stored / 255.0) ** 0.8,
+                "gamma1.25": 255.0 * (stored / 255.0) ** 1.25}
 
     def compute():
         out = {}
         for s, sel in splits.items():
-            f = demo_fills(variants, lambda b, i, v: _demo_sections(bank, b, i, 0, height, width, v == "flip")[0],
-                           blob, sel, zs, DEMO_SIDE_MM / width)
-            out[s] = np.clip(np.round(np.concatenate([f[v] for v in DEMO_VARIANTS])), 0, 255).astype(np.uint8)[:, None]
+            f = demo_fills(variants, lambda b, i, v: _demo_sections(bank, b, i, 0, size, size, v == "flip")[0],
+                           blob, sel, zs, DEMO_SIDE_MM / size)
+            low = [_resize(a, height, width) for v in DEMO_VARIANTS for a in f[v]]
+            out[s] = np.clip(np.round(np.stack(low) if low else np.zeros((0, height, width))), 0,
+                             255).astype(np.uint8)[:, None]
         return out
 
-    key = {"demo": hashlib.sha256(DEMO_FILE.read_bytes()).hexdigest(), "size": (height, width),
+    key = {"demo": hashlib.sha256(DEMO_FILE.read_bytes()).hexdigest(), "size": (height, width), "solved_at": size,
            "zones": (DEMO_VAL_Z, DEMO_TEST_Z, DEMO_GAP), "masks": (MASK_SEED, DEMO_BANK)}
     return {s: np.repeat(f, channels, axis=1) if channels == 3 else f for s, f in cached(key, compute).items()}
 
@@ -416,8 +427,8 @@ def load_demo(*, height: int, width: int, channels: int = 1, seed: int = 0, mask
     3-D holes at native resolution, bench/brats_native.py); training keeps the 54 slices at least
     DEMO_GAP (10) slices away from both (`honest_split`): no evaluation slice has a training slice
     less than 10 mm away. `fills3d`: also `fills`, each image with its hole filled by the 3-D
-    biharmonic fill of its split's slices (imggen.datasets.brats_fills; model.context_fill
-    "biharmonic3d").
+    biharmonic fill of its split's slices, solved on the stored 128 px slices and resized
+    (`demo_split_fills`; imggen.datasets.brats_fills; model.context_fill "biharmonic3d").
     Masks (always returned, the inpainting targets), `masks=`:
     * "challenge" (default; `--data brats-demo`): axial sections of fixed, seeded 3-D lumpy blobs
       of 1-15% of the template brain's volume (`demo_mask_bank`), one blob per (slice, variant)
@@ -478,7 +489,7 @@ def load_demo(*, height: int, width: int, channels: int = 1, seed: int = 0, mask
                 for v in DEMO_VARIANTS for i in sel]) if len(sel) else np.zeros((0, 2 * context_slices + 1,
                                                                                     height, width), bool)
     if fills3d and masks == "challenge":  # each hole's 3-D classic fill on its split's slices (cached)
-        fills = demo_split_fills(variants, bank, blob, splits, zs, height, width, channels)
+        fills = demo_split_fills(bank, blob, splits, zs, height, width, channels)
     source = "challenge-like 3-D blob sections" if masks == "challenge" else "small random ellipses"
     return ImageSplits(**out, masks=masks_out, meta=meta, neighbours=nbrs, neighbour_masks=nbr_masks, fills=fills,
                        info={"source": f"MNI152 ICBM 2009a symmetric T1 template (nilearn), {source} as masks",

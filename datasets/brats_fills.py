@@ -18,7 +18,8 @@ import json
 
 import numpy as np
 
-VERSION = 2  # of the fills' recipe: part of the cache key (2: imggen.classic as skimage at the array's edges)
+VERSION = 3  # of the fills' recipe: part of the cache key (2: imggen.classic as skimage at the array's edges;
+#             3: brats-demo's solved on the stored 128 px slices, then resized)
 
 
 def blocks(z: np.ndarray) -> list[np.ndarray]:

@@ -67,6 +67,36 @@ def test_demo_fills_are_3d_on_the_split_slices_only():
     assert np.abs(out["flip"] - out["orig"][:, :, ::-1]).max() < 1e-3  # a flipped variant's fill is the flip
 
 
+def test_demo_split_fills_are_solved_on_the_stored_slices_then_resized(tmp_path, monkeypatch):
+    """As sample.py --brats fills at native resolution and resizes: brats-demo's training fills are
+    solved on the stored 128 px slices (pixel 233/128 mm, holes cut at 128 px) and resized to the
+    model's grid; the cache key names where they were solved."""
+    from imggen.datasets import brats_fills
+
+    monkeypatch.setenv("IMGGEN_CACHE_DIR", str(tmp_path))
+    seen, keys = {}, []
+
+    def fake_fills(variants, sections, blob, sel, z, mm):
+        if len(sel):
+            seen.update(size=variants["orig"].shape[-1], mm=mm, hole=sections(0, int(sel[0]), "orig").shape)
+        ramp = np.broadcast_to(np.linspace(0, 255, 128, dtype=np.float32), (128, 128))
+        return {v: np.zeros((len(sel), 128, 128), np.float32) + ramp for v in variants}
+    monkeypatch.setattr(brats_fills, "demo_fills", fake_fills)
+    real_cached = brats_fills.cached
+    monkeypatch.setattr(brats_fills, "cached", lambda key, compute: keys.append(key) or real_cached(key, compute))
+    n = len(np.load(brats.DEMO_FILE)["z"])
+    bank = [np.ones((64, 64, n), bool)]
+    blob = {v: np.zeros(n, int) for v in brats.DEMO_VARIANTS}
+    out = brats.demo_split_fills(bank, blob, {"train": np.array([3, 4]), "val": np.array([], int)},
+                                 np.arange(n), 16, 16, 1)
+    assert seen == {"size": 128, "mm": brats.DEMO_SIDE_MM / 128, "hole": (128, 128)}
+    assert keys[0]["solved_at"] == 128 and keys[0]["size"] == (16, 16)
+    assert out["train"].shape == (8, 1, 16, 16) and out["train"].dtype == np.uint8 and out["val"].shape == (0, 1, 16, 16)
+    want = np.clip(np.round(brats._resize(np.broadcast_to(np.linspace(0, 255, 128, dtype=np.float32), (128, 128)),
+                                          16, 16)), 0, 255)
+    assert (out["train"][:, 0] == want).all()
+
+
 def test_the_fills_cache_is_kept_and_a_damaged_file_is_computed_again(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("IMGGEN_CACHE_DIR", str(tmp_path))
     calls = []
