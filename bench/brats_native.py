@@ -107,7 +107,7 @@ def write_case(folder: Path, name: str, truth: np.ndarray, hole: np.ndarray) -> 
 
 def make_cases(folder, split: str = "test", n: int | None = None, seed: int = 0, volume=None) -> list[dict]:
     """Case folders mni-<split>-NN under `folder` (kept when already there); their holes' facts."""
-    from imggen.datasets.brats import DEMO_TEST_Z, DEMO_VAL_Z
+    from imggen.datasets.brats_demo import DEMO_TEST_Z, DEMO_VAL_Z
 
     folder = Path(folder)
     truth = template_volume() if volume is None else volume

@@ -227,7 +227,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from imggen.datasets.brats import demo_mask_bank
+    from imggen.datasets.brats_demo import demo_mask_bank
     from imggen.eval.brats_eval import evaluate
     from imggen.eval.run import load_data, load_run
     from imggen.images import image_scale, save_grid

@@ -28,7 +28,7 @@ ADAPTERS = {
     "molecules": ("imggen.datasets.molecules", False),  # no path: the shipped MOSES sample
     "moses": ("imggen.datasets.moses", False),  # full MOSES from the molsets wheel (train drawn lazily)
     "brats": ("imggen.datasets.brats", True),
-    "brats-demo": ("imggen.datasets.brats", False),  # shipped MNI152 slices + challenge-like masks
+    "brats-demo": ("imggen.datasets.brats_demo", False),  # shipped MNI152 slices + challenge-like masks
     "cifar": ("imggen.datasets.cifar", True),
     "folder": ("imggen.datasets.folder", True),
 }

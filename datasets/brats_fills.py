@@ -8,7 +8,7 @@ variant and per 3-D blob of the mask bank, the blob's sections on one contiguous
 slices are filled at once (spacing: the pixel size in-plane, 1 mm between slices), so a training
 slice's fill reads training slices only, and a test slice's the test zone only. brats-demo solves
 them on its stored 128 px slices and resizes them to the model's grid, as sample.py --brats resizes
-its native fill (imggen.datasets.brats.demo_split_fills). That takes about 1.5 minutes on 2 cores,
+its native fill (imggen.datasets.brats_demo.demo_split_fills). That takes about 1.5 minutes on 2 cores,
 so `cached` keeps them under the cache folder (imggen.storage: cache_root, cached_npz), keyed by
 everything they depend on; a damaged file is computed again with one note. A BraTS case's
 (`case_fills`) are still solved on the model's grid: solving each case at 240 x 240 costs seconds

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from imggen.datasets import load_dataset
-from imggen.datasets import brats
+from imggen.datasets import brats, brats_demo
 from imggen.errors import DataError
 
 SHAPE = (20, 24, 8)  # stored voxel grid (i, j, k)
@@ -316,7 +316,7 @@ def test_empty_or_missing_dataset_folder(tmp_path):
 
 # ------------------------------------------------------------------ shipped demo
 def test_demo_slices():
-    assert brats.DEMO_FILE.stat().st_size < 3e6
+    assert brats_demo.DEMO_FILE.stat().st_size < 3e6
     s = load_dataset("brats-demo", height=32, width=32, channels=1, seed=0)
     n = 0
     for k in ("train", "val", "test"):
@@ -349,7 +349,7 @@ def test_demo_neighbours_same_volume_honest_and_one_blob():
     base = load_dataset("brats-demo", height=32, width=32, channels=1, seed=0)
     zs = {k: np.asarray(v) for k, v in d.meta["slice"].items()}
     held = np.concatenate([zs["val"], zs["test"]])
-    bank, _ = brats.demo_mask_bank(64)
+    bank, _ = brats_demo.demo_mask_bank(64)
     for k in ("train", "val", "test"):
         assert np.array_equal(d.split(k), base.split(k)) and np.array_equal(d.masks[k], base.masks[k])
         nb, nm = d.neighbours[k], d.neighbour_masks[k]
@@ -363,12 +363,12 @@ def test_demo_neighbours_same_volume_honest_and_one_blob():
         assert (nb[:, 0] == -1).any()  # slab edges
         if k == "train":  # no training slice's neighbour comes near a held-out slice (gap 10 - s)
             near = z[np.clip(nb, 0, None)][nb >= 0]
-            assert np.abs(near[:, None] - held[None]).min() >= brats.DEMO_GAP
+            assert np.abs(near[:, None] - held[None]).min() >= brats_demo.DEMO_GAP
         # a slice's neighbour masks are sections of one 3-D blob (flipped with a flipped variant)
         for i in range(0, len(z), 7):
             if not nm[i, s].any():
                 continue
-            t = int(np.flatnonzero(np.load(brats.DEMO_FILE)["z"] == z[i])[0])
+            t = int(np.flatnonzero(np.load(brats_demo.DEMO_FILE)["z"] == z[i])[0])
             cuts = [np.stack([brats._resize(b[:, :, t + dz], 32, 32, nearest=True) if 0 <= t + dz < b.shape[2]
                               else np.zeros((32, 32), bool) for dz in range(-s, s + 1)]) for b in bank]
             cuts = [c[:, :, ::-1] if var[i] == "flip" else c for c in cuts]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from imggen.datasets import brats, load_dataset, parse_spec
+from imggen.datasets import brats, brats_demo, load_dataset, parse_spec
 from imggen.datasets.brats_masks import blob, challenge_masks, place, tumour_compartments
 from imggen.errors import ConfigError
 
@@ -58,8 +58,8 @@ def test_tumour_compartments_are_flipped_rotated_and_placed_in_healthy_tissue():
 
 
 def test_demo_masks_are_sections_of_3d_blobs_in_the_brain():
-    bank, z = brats.demo_mask_bank(64)
-    brain = np.stack([brats._resize(b > 0, 64, 64, nearest=True) for b in np.load(brats.DEMO_FILE)["images"]], -1)
+    bank, z = brats_demo.demo_mask_bank(64)
+    brain = np.stack([brats._resize(b > 0, 64, 64, nearest=True) for b in np.load(brats_demo.DEMO_FILE)["images"]], -1)
     for m in bank:
         assert n_components(m) == 1 and not (m & ~brain).any()
         assert 0.008 <= m.sum() / brain.sum() <= 0.15

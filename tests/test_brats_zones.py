@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from imggen.classic import biharmonic
-from imggen.datasets import brats
+from imggen.datasets import brats, brats_demo
 from imggen.datasets.brats_fills import blocks, cached, demo_fills
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,12 +19,12 @@ import brats_native  # noqa: E402
 
 
 def test_the_demo_split_holds_out_two_zones_and_keeps_training_10_mm_away():
-    d = brats.load_demo(height=16, width=16)
+    d = brats_demo.load_demo(height=16, width=16)
     z = {s: np.unique(d.meta["slice"][s]) for s in ("train", "val", "test")}
-    assert z["val"].min() >= brats.DEMO_VAL_Z[0] - 7 and z["val"].max() <= brats.DEMO_VAL_Z[1] + 7  # whole slabs
-    assert set(range(brats.DEMO_TEST_Z[0], brats.DEMO_TEST_Z[1] + 1)) <= set(z["test"])  # the zone, every slice
+    assert z["val"].min() >= brats_demo.DEMO_VAL_Z[0] - 7 and z["val"].max() <= brats_demo.DEMO_VAL_Z[1] + 7  # whole slabs
+    assert set(range(brats_demo.DEMO_TEST_Z[0], brats_demo.DEMO_TEST_Z[1] + 1)) <= set(z["test"])  # the zone, every slice
     held = np.concatenate([z["val"], z["test"]])
-    assert np.abs(z["train"][:, None] - held[None]).min() >= brats.DEMO_GAP
+    assert np.abs(z["train"][:, None] - held[None]).min() >= brats_demo.DEMO_GAP
     assert len(z["train"]) == 54 and not set(z["train"]) & set(held)
 
 
@@ -84,12 +84,12 @@ def test_demo_split_fills_are_solved_on_the_stored_slices_then_resized(tmp_path,
     monkeypatch.setattr(brats_fills, "demo_fills", fake_fills)
     real_cached = brats_fills.cached
     monkeypatch.setattr(brats_fills, "cached", lambda key, compute: keys.append(key) or real_cached(key, compute))
-    n = len(np.load(brats.DEMO_FILE)["z"])
+    n = len(np.load(brats_demo.DEMO_FILE)["z"])
     bank = [np.ones((64, 64, n), bool)]
-    blob = {v: np.zeros(n, int) for v in brats.DEMO_VARIANTS}
-    out = brats.demo_split_fills(bank, blob, {"train": np.array([3, 4]), "val": np.array([], int)},
+    blob = {v: np.zeros(n, int) for v in brats_demo.DEMO_VARIANTS}
+    out = brats_demo.demo_split_fills(bank, blob, {"train": np.array([3, 4]), "val": np.array([], int)},
                                  np.arange(n), 16, 16, 1)
-    assert seen == {"size": 128, "mm": brats.DEMO_SIDE_MM / 128, "hole": (128, 128)}
+    assert seen == {"size": 128, "mm": brats_demo.DEMO_SIDE_MM / 128, "hole": (128, 128)}
     assert keys[0]["solved_at"] == 128 and keys[0]["size"] == (16, 16)
     assert out["train"].shape == (8, 1, 16, 16) and out["train"].dtype == np.uint8 and out["val"].shape == (0, 1, 16, 16)
     want = np.clip(np.round(brats._resize(np.broadcast_to(np.linspace(0, 255, 128, dtype=np.float32), (128, 128)),
@@ -154,7 +154,7 @@ def test_native_cases_put_every_hole_voxel_in_its_zone(tmp_path):
         d = tmp_path / c["name"]
         hole = np.asarray(nib.load(str(d / f"{c['name']}-mask.nii.gz")).dataobj) > 0
         zs = np.flatnonzero(hole.any((0, 1)))
-        assert brats.DEMO_VAL_Z[0] <= zs.min() and zs.max() <= brats.DEMO_VAL_Z[1]
+        assert brats_demo.DEMO_VAL_Z[0] <= zs.min() and zs.max() <= brats_demo.DEMO_VAL_Z[1]
         assert 0.7 * c["voxels"] <= hole.sum() <= c["voxels"] and c["brain_share"] > 0.003
         voided = np.asarray(nib.load(str(d / f"{c['name']}-t1n-voided.nii.gz")).dataobj)
         assert (voided[hole] == 0).all() and np.array_equal(voided[~hole], vol[~hole])
