@@ -64,21 +64,25 @@ def honest_split(patient: np.ndarray, z: np.ndarray, seed: int = 0, gap: int = D
     return {"train": np.flatnonzero(far), **held}
 
 
-def demo_split_fills(bank, blob, splits, zs, height, width, channels) -> dict[str, np.ndarray]:
+def _variants(images: np.ndarray) -> dict[str, np.ndarray]:
+    """The 4 variants (DEMO_VARIANTS) of float images (N, H, W) in 0..255."""
+    return {"orig": images, "flip": images[:, :, ::-1], "gamma0.8": 255.0 * (images / 255.0) ** 0.8,
+            "gamma1.25": 255.0 * (images / 255.0) ** 1.25}
+
+
+def demo_split_fills(base, bank, blob, splits, zs, height, width, channels) -> dict[str, np.ndarray]:
     """uint8 (N, C, H, W) per split: brats-demo's images with their holes' 3-D biharmonic fills
     (imggen.datasets.brats_fills), in load_demo's order (variant by variant). The fills are computed
     on the stored slices (128 px) and resized to the model's grid, as `sample.py --brats` resizes
     the fill it computes at native resolution (imggen.volume_fill): a fill solved on the coarse
-    grid is a weaker channel than the one the model is given at inference (bench/RESULTS.md 14)."""
+    grid is a weaker channel than the one the model is given at inference (bench/RESULTS.md 14).
+    `base`: the stored slices (N, 128, 128)."""
     from imggen.datasets.brats_fills import cached, demo_fills
 
-    base = np.load(DEMO_FILE)["images"].astype(np.float32)
     size = max(base.shape[-1], height, width)
-    stored = np.stack([_resize(b, size, size) for b in base])
-    variants = {"orig": stored, "flip": stored[:, :, ::-1], "gamma0.8": 255.0 * (stored / 255.0) ** 0.8,
-                "gamma1.25": 255.0 * (stored / 255.0) ** 1.25}
 
     def compute():
+        variants = _variants(np.stack([_resize(b.astype(np.float32), size, size) for b in base]))
         out = {}
         for s, sel in splits.items():
             f = demo_fills(variants, lambda b, i, v: _demo_sections(bank, b, i, 0, size, size, v == "flip")[0],
@@ -126,9 +130,7 @@ def load_demo(*, height: int, width: int, channels: int = 1, seed: int = 0, mask
         raise DataError(f"{DEMO_FILE} missing; rebuild it with `python datasets/make_brats_demo.py`")
     d = np.load(DEMO_FILE)
     base, patient, zs = d["images"], d["patient"], d["z"]
-    imgs = np.stack([_resize(b.astype(np.float32), height, width) for b in base])
-    variants = {"orig": imgs, "flip": imgs[:, :, ::-1],
-                "gamma0.8": 255.0 * (imgs / 255.0) ** 0.8, "gamma1.25": 255.0 * (imgs / 255.0) ** 1.25}
+    variants = _variants(np.stack([_resize(b.astype(np.float32), height, width) for b in base]))
     if masks == "ellipses":
         bmask = np.unpackbits(d["masks"], axis=-1, count=base.shape[-1]).astype(bool)
         msk = np.stack([_resize(m, height, width, nearest=True) for m in bmask])
@@ -166,7 +168,7 @@ def load_demo(*, height: int, width: int, channels: int = 1, seed: int = 0, mask
                 for v in DEMO_VARIANTS for i in sel]) if len(sel) else np.zeros((0, 2 * context_slices + 1,
                                                                                     height, width), bool)
     if fills3d and masks == "challenge":  # each hole's 3-D classic fill on its split's slices (cached)
-        fills = demo_split_fills(bank, blob, splits, zs, height, width, channels)
+        fills = demo_split_fills(base, bank, blob, splits, zs, height, width, channels)
     source = "challenge-like 3-D blob sections" if masks == "challenge" else "small random ellipses"
     return ImageSplits(**out, masks=masks_out, meta=meta, neighbours=nbrs, neighbour_masks=nbr_masks, fills=fills,
                        info={"source": f"MNI152 ICBM 2009a symmetric T1 template (nilearn), {source} as masks",

@@ -89,8 +89,8 @@ def corrections(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples:
     the model filled); for "replace" the draws themselves. A 2.5-D context model (model.context_slices = s)
     sees each slice's voided neighbours z-s..z+s with their holes. `channel`, for a model with a
     classic-fill context channel: "volume" gives it the volume's native 3-D fill resized to its grid,
-    "grid" the 3-D fill of the hole's slices resized to its grid (as its training fills are made;
-    measured: no better, bench/brats_correction.py --channel grid), "slice" the 2-D fill of the
+    "grid" the 3-D fill of the hole's slices resized to its grid (as BraTS folders' training fills
+    are made; measured: no better, bench/brats_correction.py --channel grid), "slice" the 2-D fill of the
     slice; "auto" is "volume" for model.context_fill "biharmonic3d", else "slice"."""
     from imggen.classic import biharmonic
     from imggen.datasets.brats import image_to_ras_slice, intensity_range, ras_slice_to_image
@@ -170,7 +170,7 @@ def apply_corrections(c: Corrections, mask_ras: np.ndarray, *, reduce: str = "me
     fill, std = np.zeros(mask_ras.shape), np.zeros(mask_ras.shape)
     bx, by = c.box
     hole = mask_ras[bx, by, c.ks[0]:c.ks[-1] + 1]
-    if c.base is not None:
+    if c.base is not None and weight:
         corr = weight * smooth_across_slices(c.draws, hole, smooth_mm / c.spacing[2]) * c.taper
     for k in c.ks:
         if c.base is None:

@@ -396,7 +396,7 @@ def test_the_correction_is_weighed_linearly_and_weight_0_is_the_clipped_3d_fill(
 
 def test_grid_channel_is_the_3d_fill_of_the_resized_slices(tmp_path, monkeypatch):
     """corrections(channel="grid") gives a biharmonic3d model, as its classic-fill channel, the 3-D fill of the
-    hole's slices resized to its grid (what brats-demo's and BraTS folders' training fills are): on a volume
+    hole's slices resized to its grid (what BraTS folders' training fills are): on a volume
     linear in x, y and z the fill continues the plane, so the channel equals the resized slices without
     their hole; known pixels are the model's inputs."""
     from imggen.datasets.brats import intensity_range, ras_slice_to_image

@@ -84,11 +84,12 @@ def test_demo_split_fills_are_solved_on_the_stored_slices_then_resized(tmp_path,
     monkeypatch.setattr(brats_fills, "demo_fills", fake_fills)
     real_cached = brats_fills.cached
     monkeypatch.setattr(brats_fills, "cached", lambda key, compute: keys.append(key) or real_cached(key, compute))
-    n = len(np.load(brats_demo.DEMO_FILE)["z"])
+    base = np.load(brats_demo.DEMO_FILE)["images"]
+    n = len(base)
     bank = [np.ones((64, 64, n), bool)]
     blob = {v: np.zeros(n, int) for v in brats_demo.DEMO_VARIANTS}
-    out = brats_demo.demo_split_fills(bank, blob, {"train": np.array([3, 4]), "val": np.array([], int)},
-                                 np.arange(n), 16, 16, 1)
+    out = brats_demo.demo_split_fills(base, bank, blob, {"train": np.array([3, 4]), "val": np.array([], int)},
+                                      np.arange(n), 16, 16, 1)
     assert seen == {"size": 128, "mm": brats_demo.DEMO_SIDE_MM / 128, "hole": (128, 128)}
     assert keys[0]["solved_at"] == 128 and keys[0]["size"] == (16, 16)
     assert out["train"].shape == (8, 1, 16, 16) and out["train"].dtype == np.uint8 and out["val"].shape == (0, 1, 16, 16)
