@@ -31,6 +31,8 @@ ADAPTERS = {
     "brats-demo": ("imggen.datasets.brats_demo", False),  # shipped MNI152 slices + challenge-like masks
     "cifar": ("imggen.datasets.cifar", True),
     "folder": ("imggen.datasets.folder", True),
+    "fashion-mnist": ("imggen.datasets.idx", False),  # no path: Debian's dataset-fashion-mnist folder
+    "mnist": ("imggen.datasets.idx", True),  # the same four idx files
 }
 
 
@@ -88,8 +90,21 @@ def load_dataset(spec: str, *, height: int, width: int, channels: int, seed: int
         if path:
             opts["masks"] = path.partition("=")[2]
         return module.load_demo(height=height, width=width, channels=channels, seed=seed, **opts)
+    if kind in ("fashion-mnist", "mnist"):
+        opts["kind"] = kind
     return module.load(path, height=height, width=width, channels=channels, seed=seed,
                        skip_bad=skip_bad, **opts)
+
+
+def resize_images(x: np.ndarray, height: int, width: int) -> np.ndarray:
+    """uint8 (N, C, h, w) resized to (height, width): antialiased bilinear, rounded; unchanged at its size."""
+    if x.shape[-2:] == (height, width) or not len(x):
+        return x
+    import torch
+    import torch.nn.functional as F
+    t = F.interpolate(torch.from_numpy(x).float(), size=(height, width), mode="bilinear", align_corners=False,
+                      antialias=True)
+    return np.ascontiguousarray(t.round().clamp(0, 255).to(torch.uint8).numpy())
 
 
 def read_each(items, read, *, kind: str, what: str, skip_bad: bool, progress: str | None = None):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from imggen.datasets import ImageSplits, read_each
+from imggen.datasets import ImageSplits, read_each, resize_images
 from imggen.errors import ConfigError, DataError
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -88,13 +88,7 @@ def _convert(x: np.ndarray, height: int, width: int, channels: int) -> np.ndarra
     if channels == 1:
         y = np.tensordot(np.array([0.299, 0.587, 0.114]), x.astype(np.float64), axes=([0], [1]))
         x = np.clip(np.round(y), 0, 255).astype(np.uint8)[:, None]
-    if (height, width) != (32, 32) and len(x):
-        import torch
-        import torch.nn.functional as F
-        t = F.interpolate(torch.from_numpy(x).float(), size=(height, width), mode="bilinear",
-                          align_corners=False, antialias=True)
-        x = t.round().clamp(0, 255).to(torch.uint8).numpy()
-    return np.ascontiguousarray(x)
+    return np.ascontiguousarray(resize_images(x, height, width))
 
 
 def load(path, *, height: int = 32, width: int = 32, channels: int = 3, seed: int = 0,

@@ -294,6 +294,13 @@ PRESETS: dict[str, dict] = {
                     train=dict(steps=3000, batch_size=8, lr=2e-3, warmup=100, eval_every=250, eval_images=32,
                                ckpt_every=250, sample_num=4, task="inpaint", augment=True),
                     data=dict(spec="brats-demo")),
+    # Fashion-MNIST at its native 28x28 (--data fashion-mnist: Debian's dataset-fashion-mnist; test = the
+    # official 10k): about an hour on 2 CPU cores in bf16. Figures: bench/RESULTS.md section 16
+    "fashion": dict(model=dict(height=28, width=28, channels=1, bits=8, dim=128, layers=6, heads=4,
+                               attention="local2d,band", radius=3),
+                    train=dict(steps=5500, batch_size=16, lr=2e-3, warmup=100, eval_every=500, eval_images=1000,
+                               ckpt_every=500, sample_num=16),
+                    data=dict(spec="fashion-mnist")),
     "cifar": dict(model=dict(height=32, width=32, channels=3, bits=8, dim=256, layers=8, heads=8,
                              attention="local2d,band", radius=3),
                   train=dict(steps=100000, batch_size=32, lr=1e-3, warmup=1000, eval_every=2000,

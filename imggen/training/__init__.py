@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ from tqdm import tqdm
 from imggen import checkpoint as ck
 from imggen.augment import augment_tokens
 from imggen.config import Config
-from imggen.errors import CheckpointError, ConfigError, Interrupted, StorageError, TrainingError, WorkerLost
+from imggen.errors import CheckpointError, ConfigError, DataError, Interrupted, StorageError, TrainingError, WorkerLost
 from imggen.inpainting.tasks import TASKS
 from imggen.model import ImageTransformer
 from imggen.precision import autocast, describe, resolve
@@ -250,14 +251,21 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
     The process that writes `out` (rank 0) holds its lock (imggen.training.runlock) from before the first
     write to the end: a folder another live run holds is RunBusy. A write that fails for want of
     storage is one StorageError naming the path, the last good checkpoint and the --resume command."""
+    fresh = not os.path.exists(out)
     lock = RunLock(out).acquire() if int(os.environ.get("RANK", "0")) == 0 else None
+    unread = False
     try:
         return _train(cfg, out, resume, overwrite, device, data, progress, hooks, governor)
     except StorageError as e:
         raise StorageError(f"{e}; {_resume_hint(out, 'free space (or make the folder writable)')}", e.errno) from None
+    except DataError:
+        unread = True
+        raise
     finally:
         if lock is not None:
             lock.release()
+        if unread and fresh and lock is not None and ck.find_checkpoint(out) is None:
+            shutil.rmtree(out, ignore_errors=True)  # data that cannot be read leaves no run folder behind
 
 
 def _train(cfg, out, resume, overwrite, device, data, progress, hooks, governor) -> dict:

@@ -1,0 +1,221 @@
+"""Fashion-MNIST density, side by side: lossless codecs, a Gated PixelCNN and imggen, on the official
+10,000 test images at 28x28 (issue 46; bench/RESULTS.md section 16).
+
+    python bench/fashion.py codecs                                   # PNG, WebP, order-0, lzma
+    python bench/fashion.py pixelcnn --minutes 60 --work /work/runs/pixelcnn   # snapshots at 15/30/60 min
+    python bench/fashion.py score --imggen /work/runs/fashion --pixelcnn /work/runs/pixelcnn
+
+`pixelcnn` trains bench/pixelcnn.py's Gated PixelCNN on the train split with the recipe of imggen's
+`fashion` preset (batch 16, AdamW betas (0.9, 0.95), weight decay 0.01 on matrices, warmup 100 steps,
+cosine to 0.1x, gradient clipping 1.0, bf16 autocast where imggen's `auto` picks it, the same batch
+order), for a wall-clock budget: the cosine runs over the budget's time, and snapshots are saved when
+the training time (saving excluded) passes each of --snapshots minutes. `score` computes every
+model's per-image test bits/dim with imggen.eval.bpd (the code that scores imggen models) and paired
+95% bootstrap intervals of each difference, and writes the table to bench/results/fashion.{md,json}.
+"""
+from __future__ import annotations
+
+import argparse
+import bz2
+import io
+import json
+import lzma
+import math
+import os
+import sys
+import time
+import zlib
+
+import numpy as np
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH)
+sys.path.insert(0, os.path.dirname(BENCH))
+
+from harness import command_line, git_commit, machine, machine_line, md_table, write_results  # noqa: E402
+
+
+def test_images(limit: int | None = None) -> np.ndarray:
+    from imggen.datasets import load_dataset
+
+    return load_dataset("fashion-mnist", height=28, width=28, channels=1).test[:limit]
+
+
+# ------------------------------------------------------------------------------------------- codecs
+def codec_bits(images: np.ndarray) -> dict:
+    """Bits per pixel of uint8 images (N, 1, H, W) under lossless codecs, each as a user runs it."""
+    from PIL import Image
+
+    n_pix = images.size
+
+    def per_image(fmt, **kw):
+        total = 0
+        for im in images[:, 0]:
+            buf = io.BytesIO()
+            Image.fromarray(im).save(buf, format=fmt, **kw)
+            total += len(buf.getvalue())
+        return 8 * total / n_pix
+
+    counts = np.bincount(images.reshape(-1), minlength=256).astype(np.float64)
+    p = counts[counts > 0] / n_pix
+    raw = images.tobytes()
+    return {"PNG level 9, per image": per_image("PNG", compress_level=9, optimize=True),
+            "WebP lossless, per image": per_image("WEBP", lossless=True, quality=100, method=6),
+            "order-0 entropy of the pixel values": float(-(p * np.log2(p)).sum()),
+            "zlib -9 over the whole test set": 8 * len(zlib.compress(raw, 9)) / n_pix,
+            "bzip2 -9 over the whole test set": 8 * len(bz2.compress(raw, 9)) / n_pix,
+            "lzma -9e over the whole test set": 8 * len(lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME)) / n_pix}
+
+
+# ----------------------------------------------------------------------------------------- pixelcnn
+def lr_at(elapsed: float, step: int, budget: float, lr: float, warmup: int = 100, min_ratio: float = 0.1):
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    frac = min(1.0, elapsed / budget)
+    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def train_pixelcnn(work: str, minutes: float, snapshots, lr: float = 1e-3, batch: int = 16, seed: int = 0,
+                   cfg=None, data=None, log=print, warmup: int = 100,
+                   precision: str = "auto") -> list[str]:
+    """Train a Gated PixelCNN for `minutes` of training time; a snapshot file at each of `snapshots`
+    minutes (and at the end). Returns the snapshot paths."""
+    import torch
+
+    from imggen.precision import resolve
+    from imggen.training.batches import batch_indices
+    from pixelcnn import PixelCNNConfig, PixelCNNModel
+
+    os.makedirs(work, exist_ok=True)
+    if data is None:
+        from imggen.datasets import load_dataset
+        data = load_dataset("fashion-mnist", height=28, width=28, channels=1).train
+    train = torch.from_numpy(np.ascontiguousarray(data)).reshape(len(data), -1)
+    torch.manual_seed(seed)
+    model = PixelCNNModel(cfg or PixelCNNConfig())
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95))
+    bf16 = resolve(precision, "cpu")[0] == "bf16"
+    budget, marks, paths = minutes * 60, sorted(set(list(snapshots) + [minutes])), []
+    elapsed, step, history = 0.0, 0, []
+    log(f"pixelcnn: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, {'bf16' if bf16 else 'fp32'}, "
+        f"{minutes} min, snapshots at {marks} min")
+    while marks:
+        t0 = time.perf_counter()
+        x = train[batch_indices(step, batch, len(train), seed)].long()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(elapsed, step, budget, lr, warmup)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1))
+        if not torch.isfinite(loss):
+            raise RuntimeError(f"pixelcnn: loss {float(loss)} at step {step}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        elapsed += time.perf_counter() - t0
+        history.append(float(loss.detach()) / math.log(2))
+        if step % 100 == 0:
+            log(f"step {step} {elapsed / 60:.1f} min train bpd {np.mean(history[-100:]):.3f}")
+        if elapsed >= marks[0] * 60:
+            m = marks.pop(0)
+            path = os.path.join(work, f"pixelcnn_{m:g}min.pt")
+            torch.save({**model.state(), "step": step, "minutes": m, "train_seconds": elapsed}, path + ".tmp")
+            os.replace(path + ".tmp", path)  # atomic: a snapshot is whole or absent
+            paths.append(path)
+            log(f"snapshot {path} at step {step}")
+    return paths
+
+
+def load_pixelcnn(path: str):
+    import torch
+
+    from pixelcnn import PixelCNNModel
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    return PixelCNNModel.from_state(state).eval(), state
+
+
+# -------------------------------------------------------------------------------------------- score
+def paired(a, b, resamples: int = 2000, seed: int = 0) -> dict:
+    """Mean of a - b over paired items with a 95% percentile bootstrap interval."""
+    from imggen.eval.bpd import bootstrap_ci
+
+    d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+    return {"mean": float(d.mean()), "ci95": list(bootstrap_ci(d, resamples, seed))}
+
+
+def score(args) -> None:
+    import torch
+
+    import imggen
+    from imggen.eval.bpd import bootstrap_ci, per_image_bits_per_dim
+
+    torch.set_grad_enabled(False)
+    images = test_images(args.limit)
+    rows, per = [], {}
+    for run in args.imggen:
+        model = imggen.load_model(run).eval()
+        name = f"imggen {os.path.basename(os.path.normpath(run))}"
+        per[name] = per_image_bits_per_dim(model, images, batch_size=64, progress=True)
+        rows.append((name, model.config.attention, sum(p.numel() for p in model.parameters())))
+    for path in sorted(args.pixelcnn_snapshots, key=lambda p: load_pixelcnn(p)[1]["minutes"]):
+        model, state = load_pixelcnn(path)
+        name = f"Gated PixelCNN, {state['minutes']:g} min ({state['step']} steps)"
+        per[name] = per_image_bits_per_dim(model, images, batch_size=64, progress=True)
+        rows.append((name, "-", sum(p.numel() for p in model.parameters())))
+    codecs = codec_bits(images)
+    ref = rows[0][0] if rows else None
+    table = []
+    for name, attn, params in rows:
+        v = per[name]
+        d = paired(v, per[ref]) if name != ref else None
+        table.append([name, f"{params / 1e6:.2f}M", f"{v.mean():.3f}",
+                      "{:.3f} to {:.3f}".format(*bootstrap_ci(v, 2000)),
+                      "-" if d is None else "{:+.3f} ({:+.3f} to {:+.3f})".format(d["mean"], *d["ci95"])])
+    for name, bits in codecs.items():
+        table.append([name, "-", f"{bits:.3f}", "-", "-"])
+    m = machine(gpu=False)
+    md = "\n".join([
+        f"# Fashion-MNIST density: {len(images)} official test images, 28x28, bits per dim (= per pixel)", "",
+        f"`{command_line('bench/fashion.py')}` at {git_commit()}, {time.strftime('%Y-%m-%d')}; {machine_line(m)}.",
+        "", md_table(["model / codec", "params", "bits/dim", "95% interval", f"paired vs {ref}"], table), ""])
+    data = {"n_images": len(images), "codecs": codecs, "per_image": {k: v.tolist() for k, v in per.items()},
+            "rows": table, "machine": m, "commit": git_commit()}
+    for p in write_results(args.out, args.stem, data, md):
+        print("wrote", p)
+    print(md)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="part", required=True)
+    c = sub.add_parser("codecs", help="bits per pixel of lossless codecs on the test images")
+    c.add_argument("--limit", type=int, default=None)
+    p = sub.add_parser("pixelcnn", help="train the Gated PixelCNN for a time budget")
+    p.add_argument("--work", required=True)
+    p.add_argument("--minutes", type=float, default=60)
+    p.add_argument("--snapshots", default="15,30", help="comma-separated minutes")
+    p.add_argument("--lr", type=float, default=1e-3)
+    s = sub.add_parser("score", help="per-image test bits/dim of imggen runs and PixelCNN snapshots, paired")
+    s.add_argument("--imggen", nargs="*", default=[], help="imggen run folders (the first is the reference)")
+    s.add_argument("--pixelcnn", dest="pixelcnn_snapshots", nargs="*", default=[], help="snapshot files")
+    s.add_argument("--limit", type=int, default=None)
+    s.add_argument("--out", default=None)
+    s.add_argument("--stem", default="fashion")
+    args = ap.parse_args(argv)
+    if args.part == "codecs":
+        for k, v in codec_bits(test_images(args.limit)).items():
+            print(f"{k:40s} {v:.3f}")
+    elif args.part == "pixelcnn":
+        train_pixelcnn(args.work, args.minutes, [float(m) for m in args.snapshots.split(",") if m], lr=args.lr)
+    else:
+        score(args)
+
+
+if __name__ == "__main__":
+    main()
