@@ -251,21 +251,18 @@ def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, 
     The process that writes `out` (rank 0) holds its lock (imggen.training.runlock) from before the first
     write to the end: a folder another live run holds is RunBusy. A write that fails for want of
     storage is one StorageError naming the path, the last good checkpoint and the --resume command."""
-    fresh = not os.path.exists(out)
-    lock = RunLock(out).acquire() if int(os.environ.get("RANK", "0")) == 0 else None
-    unread = False
+    fresh, lock = not os.path.exists(out), RunLock(out).acquire() if int(os.environ.get("RANK", "0")) == 0 else None
     try:
         return _train(cfg, out, resume, overwrite, device, data, progress, hooks, governor)
     except StorageError as e:
         raise StorageError(f"{e}; {_resume_hint(out, 'free space (or make the folder writable)')}", e.errno) from None
-    except DataError:
-        unread = True
+    except DataError:  # data that cannot be read leaves no new run folder behind
+        if fresh and lock is not None and ck.find_checkpoint(out) is None:
+            shutil.rmtree(out, ignore_errors=True)
         raise
     finally:
         if lock is not None:
             lock.release()
-        if unread and fresh and lock is not None and ck.find_checkpoint(out) is None:
-            shutil.rmtree(out, ignore_errors=True)  # data that cannot be read leaves no run folder behind
 
 
 def _train(cfg, out, resume, overwrite, device, data, progress, hooks, governor) -> dict:
@@ -401,5 +398,3 @@ def finish(run: Run, logger: Logger, train_s: float) -> dict:
     if run.world > 1:
         dist.destroy_process_group()
     return run.metrics
-
-
