@@ -32,13 +32,13 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 sys.path.insert(0, os.path.dirname(BENCH))
 
-from harness import command_line, git_commit, machine, machine_line, md_table, write_results  # noqa: E402
+from harness import command_line, git_commit, machine, machine_line, md_table, out_dir, write_results  # noqa: E402
 
 
-def test_images(limit: int | None = None) -> np.ndarray:
+def test_images(limit: int | None = None, spec: str = "fashion-mnist") -> np.ndarray:
     from imggen.datasets import load_dataset
 
-    return load_dataset("fashion-mnist", height=28, width=28, channels=1).test[:limit]
+    return load_dataset(spec, height=28, width=28, channels=1).test[:limit]
 
 
 # ------------------------------------------------------------------------------------------- codecs
@@ -149,7 +149,7 @@ def paired(a, b, resamples: int = 2000, seed: int = 0) -> dict:
     return {"mean": float(d.mean()), "ci95": list(bootstrap_ci(d, resamples, seed))}
 
 
-def score(args) -> None:
+def score(args, argv=None) -> None:
     import torch
 
     import imggen
@@ -182,11 +182,103 @@ def score(args) -> None:
     m = machine(gpu=False)
     md = "\n".join([
         f"# Fashion-MNIST density: {len(images)} official test images, 28x28, bits per dim (= per pixel)", "",
-        f"`{command_line('bench/fashion.py')}` at {git_commit()}, {time.strftime('%Y-%m-%d')}; {machine_line(m)}.",
+        f"`{command_line('fashion.py', argv)}` at {git_commit()}, {time.strftime('%Y-%m-%d')}; {machine_line(m)}.",
         "", md_table(["model / codec", "params", "bits/dim", "95% interval", f"paired vs {ref}"], table), ""])
     data = {"n_images": len(images), "codecs": codecs, "per_image": {k: v.tolist() for k, v in per.items()},
             "rows": table, "machine": m, "commit": git_commit()}
-    for p in write_results(args.out, args.stem, data, md):
+    for p in write_results(out_dir(args.out), args.stem, data, md):
+        print("wrote", p)
+    print(md)
+
+
+# ----------------------------------------------------------------------------------------- patterns
+# (label, attention, pattern parameters): the `fashion` preset's model with each pattern, same size
+PATTERNS = [("full", "full", {}), ("band, 1 row (28)", "band", {"window": 28}),
+            ("band, 2 rows (56)", "band", {"window": 56}), ("local2d r3", "local2d", {}),
+            ("strided 28", "strided", {}), ("local2d r3 + band 56 (preset)", "local2d,band", {})]
+
+
+def pattern_config(attention: str, params: dict, steps: int = 1, spec: str = "fashion-mnist"):
+    from imggen.config import preset
+
+    cfg = preset("fashion")
+    cfg.model.attention, cfg.data.spec = attention, spec
+    for k, v in params.items():
+        setattr(cfg.model, k, v)
+    every = max(1, steps)
+    cfg.train.steps, cfg.train.eval_every, cfg.train.ckpt_every = every, every, every
+    cfg.train.warmup, cfg.train.eval_images, cfg.train.grid_time_frac = min(100, every // 10), 500, 0.0
+    return cfg.validate()
+
+
+def patterns(args, argv=None) -> None:
+    """Each pattern trained for the same CPU time, then scored on the same test images, paired."""
+    import torch
+
+    from imggen.eval.bpd import bootstrap_ci, per_image_bits_per_dim
+    from imggen.training import train
+    from imggen.training.batches import load_data
+    from moses_patterns import config_step_seconds
+
+    chosen = [p for p in PATTERNS if not args.only or p[0] in args.only]
+    os.makedirs(args.work, exist_ok=True)
+    times_path = os.path.join(args.work, "step_seconds.json")
+    step_s = json.load(open(times_path)) if os.path.exists(times_path) else {}
+    for label, attention, params in chosen:  # all timed up front, before any training
+        if label not in step_s:
+            step_s[label] = config_step_seconds(pattern_config(attention, params), args.threads, args.reps)
+            print(f"{label}: {step_s[label]:.3f} s a step", flush=True)
+            with open(times_path + ".tmp", "w") as f:
+                json.dump(step_s, f, indent=1)
+            os.replace(times_path + ".tmp", times_path)
+    torch.set_num_threads(args.threads)
+    splits = None
+    images = test_images(args.limit, args.data)
+    rows, per = [], {}
+    for label, attention, params in chosen:
+        steps = max(1, int(args.minutes * 60 // step_s[label]))
+        run = os.path.join(args.work, label.split(" (")[0].replace(" ", "_").replace(",", ""))
+        cached = os.path.join(run, f"test_bpd_{len(images)}.npy")
+        if not os.path.exists(cached):
+            if splits is None:
+                splits, _ = load_data(pattern_config("full", {}, spec=args.data), progress=False)
+                splits["test"] = splits["test"][: len(images)]
+            t0 = time.time()
+            train(pattern_config(attention, params, steps, args.data), run, overwrite=True, data=splits, progress=False)
+            wall = time.time() - t0
+            model = __import__("imggen").load_model(run).eval()
+            with torch.no_grad():
+                np.save(cached, per_image_bits_per_dim(model, images, batch_size=64))
+            with open(os.path.join(run, "wall_s.txt"), "w") as f:
+                f.write(f"{wall:.0f}\n")
+        per[label] = np.load(cached)
+        metrics = json.load(open(os.path.join(run, "metrics.json")))
+        wall = float(open(os.path.join(run, "wall_s.txt")).read())
+        rows.append((label, steps, wall, metrics.get("val_bpd"), run))
+    ref = next((r[0] for r in rows if r[0] == "full"), rows[0][0])
+    best = min(per, key=lambda k: per[k].mean())
+    table = []
+    for label, steps, wall, val, run in rows:
+        v = per[label]
+        vs = lambda other: "-" if label == other else "{:+.3f} ({:+.3f} to {:+.3f})".format(  # noqa: E731
+            *[paired(v, per[other])[k] for k in ("mean",)], *paired(v, per[other])["ci95"])
+        table.append([label, f"{step_s[label]:.3f}", steps, f"{wall / 60:.1f}", f"{val:.3f}", f"{v.mean():.3f}",
+                      "{:.3f} to {:.3f}".format(*bootstrap_ci(v, 2000)), vs(ref), vs(best)])
+    m = machine(gpu=False)
+    md = "\n".join([
+        f"# Fashion-MNIST: attention patterns at equal CPU time ({args.minutes:g} min of training steps each)", "",
+        f"`{command_line('fashion.py', argv)}` at {git_commit()}, {time.strftime('%Y-%m-%d')}; {machine_line(m)}.", "",
+        "The `fashion` preset's model (dim 128, 6 layers, 4 heads, batch 16, lr 2e-3, bf16 where `auto` picks it) "
+        "with each pattern. Each gets floor(budget / its step time) steps; the step time is the best of "
+        f"{args.reps} steps on one random batch with {args.threads} threads, all measured before any training, so a "
+        "busy box changes the wall time, not the budget. Warm-up steps/10 (at most 100), cosine to 0.1x. "
+        f"Test bits/dim on the first {len(images)} official test images; intervals: 95% bootstrap (2,000 "
+        "resamples) over images, paired for the differences (same images).", "",
+        md_table(["pattern", "step s", "steps", "train wall min", "val bits/dim (500)", "test bits/dim",
+                  "95% interval", f"paired vs {ref}", f"paired vs {best} (best)"], table), ""])
+    data = {"n_images": len(images), "minutes": args.minutes, "step_s": step_s, "rows": table,
+            "per_image": {k: v.tolist() for k, v in per.items()}, "machine": m, "commit": git_commit()}
+    for p in write_results(out_dir(args.out), args.stem, data, md):
         print("wrote", p)
     print(md)
 
@@ -207,14 +299,26 @@ def main(argv=None) -> None:
     s.add_argument("--limit", type=int, default=None)
     s.add_argument("--out", default=None)
     s.add_argument("--stem", default="fashion")
+    t = sub.add_parser("patterns", help="imggen's attention patterns at equal CPU time, paired test bits/dim")
+    t.add_argument("--work", required=True, help="run folders (a pattern whose scores are there is not retrained)")
+    t.add_argument("--minutes", type=float, default=15)
+    t.add_argument("--limit", type=int, default=2000, help="test images scored (default the first 2000)")
+    t.add_argument("--only", nargs="*", default=None, help="pattern labels (default all)")
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--data", default="fashion-mnist", help="data spec (default fashion-mnist)")
+    t.add_argument("--reps", type=int, default=3)
+    t.add_argument("--out", default=None)
+    t.add_argument("--stem", default="fashion_patterns")
     args = ap.parse_args(argv)
     if args.part == "codecs":
         for k, v in codec_bits(test_images(args.limit)).items():
             print(f"{k:40s} {v:.3f}")
     elif args.part == "pixelcnn":
         train_pixelcnn(args.work, args.minutes, [float(m) for m in args.snapshots.split(",") if m], lr=args.lr)
+    elif args.part == "patterns":
+        patterns(args, argv)
     else:
-        score(args)
+        score(args, argv)
 
 
 if __name__ == "__main__":

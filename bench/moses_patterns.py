@@ -46,12 +46,18 @@ PATTERNS = ["full", "band", "local2d", "strided", "local2d,band"]
 
 def step_seconds(attention: str, threads: int, reps: int, batch: int | None = None) -> float:
     """Best-of-`reps` seconds of one training step of the `moses` preset with this attention."""
-    from imggen.training import build_model_and_optimizer, train_step
-    torch.set_num_threads(threads)
     cfg = preset("moses")
     cfg.model.attention = attention
     if batch:
         cfg.train.batch_size = batch
+    return config_step_seconds(cfg, threads, reps)
+
+
+def config_step_seconds(cfg, threads: int, reps: int) -> float:
+    """Best-of-`reps` seconds of one training step of `cfg` on one random batch, after a warm-up step
+    (other processes only add time, so the best is the machine's own)."""
+    from imggen.training import build_model_and_optimizer, train_step
+    torch.set_num_threads(threads)
     cfg.validate()
     torch.manual_seed(0)
     model, opt = build_model_and_optimizer(cfg, "cpu")

@@ -301,6 +301,13 @@ PRESETS: dict[str, dict] = {
                     train=dict(steps=5500, batch_size=16, lr=2e-3, warmup=100, eval_every=500, eval_images=1000,
                                ckpt_every=500, sample_num=16),
                     data=dict(spec="fashion-mnist")),
+    # Fashion-MNIST inpainting: the `fashion` model with a context encoder, trained on the task's random
+    # masks. Figures: bench/RESULTS.md section 16 (bench/fashion_inpaint.py: big held-out holes)
+    "fashion-inpaint": dict(model=dict(height=28, width=28, channels=1, bits=8, dim=128, layers=6, heads=4,
+                                       attention="local2d,band", radius=3, context="unet", context_width=64),
+                            train=dict(steps=5000, batch_size=16, lr=2e-3, warmup=100, eval_every=500,
+                                       eval_images=500, ckpt_every=500, sample_num=16, task="inpaint"),
+                            data=dict(spec="fashion-mnist")),
     "cifar": dict(model=dict(height=32, width=32, channels=3, bits=8, dim=256, layers=8, heads=8,
                              attention="local2d,band", radius=3),
                   train=dict(steps=100000, batch_size=32, lr=1e-3, warmup=1000, eval_every=2000,

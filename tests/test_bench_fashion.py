@@ -101,3 +101,24 @@ def test_codecs_on_known_images():
 def test_paired_interval():
     d = fashion.paired([3.0, 2.0, 4.0, 3.5], [2.5, 1.5, 3.5, 3.0])
     assert d["mean"] == pytest.approx(0.5) and d["ci95"] == pytest.approx([0.5, 0.5])
+
+
+def test_patterns_equal_time_table_reuses_scored_runs(tmp_path):
+    from test_idx import write_idx
+
+    write_idx(tmp_path / "idx", np.random.default_rng(0), n_train=40, n_test=6)
+    out, work = tmp_path / "out", tmp_path / "work"
+    argv = ["patterns", "--work", str(work), "--minutes", "0.001", "--limit", "4", "--reps", "1", "--threads", "1",
+            "--data", f"fashion-mnist:{tmp_path / 'idx'}", "--out", str(out), "--only", "full", "band, 1 row (28)"]
+    fashion.main(argv)
+    data = __import__("json").loads((out / "fashion_patterns.json").read_text())
+    assert [r[0] for r in data["rows"]] == ["full", "band, 1 row (28)"]
+    assert all(r[2] == 1 for r in data["rows"])  # a budget below one step still trains one
+    assert data["rows"][0][7] == "-" and data["rows"][1][7].startswith(("+", "-"))
+    assert {k: len(v) for k, v in data["per_image"].items()} == {"full": 4, "band, 1 row (28)": 4}
+    ckpt = work / "band_1_row" / "checkpoints"
+    before = sorted(os.listdir(ckpt))
+    mtimes = [os.path.getmtime(ckpt / c) for c in before]
+    fashion.main(argv)  # scored runs are read back, not trained again
+    assert sorted(os.listdir(ckpt)) == before and [os.path.getmtime(ckpt / c) for c in before] == mtimes
+    assert "attention patterns at equal CPU time" in (out / "fashion_patterns.md").read_text()
