@@ -47,7 +47,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from imggen.datasets import SKIP_HINT, ImageSplits, read_each, split_indices
+from imggen.datasets import SKIP_HINT, ImageSplits, split_indices
+from imggen.datasets.brats_cases import read_cases
 from imggen.errors import ConfigError, DataError
 
 MODALITIES = {"t1": "t1", "t1n": "t1", "t1ce": "t1ce", "t1c": "t1ce", "t1gd": "t1ce",
@@ -281,14 +282,18 @@ def _load_case(case: Path, mods: list[str], height: int, width: int, channels: i
 
 def load(path, *, height: int, width: int, channels: int = 1, seed: int = 0, skip_bad: bool = False,
          modality="t1", inpainting: bool = False, limit: int | None = None, progress: bool = True,
-         masks: str = "challenge", context_slices: int = 0, fills3d: bool = False, **_) -> ImageSplits:
+         masks: str = "challenge", context_slices: int = 0, fills3d: bool = False, workers: int | None = None,
+         cache_dir=None, cache: bool = True, **_) -> ImageSplits:
     """masks (inpainting cases with a tumour `_seg`): "challenge" (default) = a tumour compartment
     placed in healthy tissue, the tumour voided (`_challenge_hole`); "tumour" = the tumour itself.
     fills3d (with inpainting): also `fills`, each slice with its hole filled in 3-D on its case's
     slices (imggen.datasets.brats_fills.case_fills: model.context_fill biharmonic3d).
     context_slices = s > 0 (a 2.5-D context): `neighbours` of every slice, its case's slices z-s..z+s
     (`slice_neighbours`; a neighbour dropped for too little brain is missing); their masks are the
-    neighbours' own (one 3-D mask per case), so no `neighbour_masks` are stored."""
+    neighbours' own (one 3-D mask per case), so no `neighbour_masks` are stored.
+    workers, cache_dir, cache: the cases are read in `workers` processes (default: the cores) and
+    kept in an on-disk cache (`cache_dir`, default ~/.cache/imggen; cache=False: none), so a second
+    load reads only the cache (imggen.datasets.brats_cases)."""
     if masks not in ("challenge", "tumour"):
         raise ConfigError(f"brats: masks={masks!r}; use challenge or tumour")
     mods = _parse_modalities(modality, channels)
@@ -299,10 +304,12 @@ def load(path, *, height: int, width: int, channels: int = 1, seed: int = 0, ski
     split_of_patient = {patients[int(i)]: s for s, idx in split_indices(len(patients), seed).items() for i in idx}
     split_of = [split_of_patient[patient_id(c.name)] for c in cases]
     parts = {s: {"img": [], "mask": [], "fill": [], "case": [], "slice": []} for s in ("train", "val", "test")}
-    done, skipped = read_each(list(enumerate(cases)), lambda ic: _load_case(ic[1], mods, height, width, channels,
-                                                                          inpainting, masks, seed, fills3d),
-                              kind="brats", what="bad case(s)", skip_bad=skip_bad, progress="BraTS cases" if progress else None)
-    for (i, case), (imgs, masks, keep, fills) in done:
+    recipe = dict(mods=mods, height=height, width=width, channels=channels, inpainting=inpainting, masks=masks,
+                  seed=seed, fills3d=fills3d)
+    done, skipped = read_cases(cases, [_case_files(c) for c in cases], recipe, _load_case, workers=workers, cache_dir=cache_dir,
+                               use_cache=cache, skip_bad=skip_bad, progress=progress)
+    for i, (imgs, masks, keep, fills) in done:
+        case = cases[i]
         p = parts[split_of[i]]
         p["img"].append(imgs)
         p["mask"].append(masks)

@@ -27,7 +27,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from imggen.config import Config
+from imggen.config import Config, DataConfig
 from imggen.errors import CheckpointError
 from imggen.storage import atomic_write_text, writing
 
@@ -290,9 +290,9 @@ def read_config(ckpt_dir: str) -> Config:
 
 
 def config_diff(a: Config, b: Config, section: str = "model") -> list[str]:
-    da, db = a.to_dict()[section], b.to_dict()[section]
+    da, db, how_read = a.to_dict()[section], b.to_dict()[section], DataConfig.HOW_READ if section == "data" else ()
     return [f"{section}.{k}: checkpoint {da.get(k)!r} vs requested {db.get(k)!r}"
-            for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k)]
+            for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k) and k not in how_read]
 
 
 def load_weights(model, ckpt_dir: str, cfg: Config | None = None) -> None:

@@ -6,6 +6,7 @@ import json
 import math
 import typing
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from imggen.inpainting.context import CONTEXTS, FILLS, MAX_CONTEXT_SLICES
 from imggen.inpainting.tasks import TASKS
@@ -171,9 +172,16 @@ class DataConfig:
     spec: str = "molecules"
     skip_bad: bool = False
     limit: int | None = None        # use at most this many images per split (quick runs)
+    # how the data is read, not what it is (HOW_READ: a --resume may change them): worker processes
+    # (0: the cores) and the on-disk cache folder ("": $IMGGEN_CACHE_DIR or ~/.cache/imggen) of
+    # BraTS cases and molecule drawings
+    workers: int = 0
+    cache: str = ""
+    HOW_READ: ClassVar[tuple[str, ...]] = ("workers", "cache")
 
     def validate(self) -> "DataConfig":
         _at_least("data", self, 1, limit=1)
+        _at_least("data", self, 0, workers=0)
         return self
 
 

@@ -16,6 +16,10 @@ def load_data(cfg: Config, progress: bool = True):
 
     m = cfg.model
     opts = {"context_slices": m.context_slices} if m.context_slices else {}  # 2.5-D: each slice's neighbours
+    if cfg.data.workers:
+        opts["workers"] = cfg.data.workers
+    if cfg.data.cache:
+        opts["cache_dir"] = cfg.data.cache
     if TASKS[cfg.train.task].data_masks:
         opts["inpainting"] = True  # the data's own holes where it has them (BraTS mask files)
     if m.context_fill == "biharmonic3d":
