@@ -260,8 +260,11 @@ def patterns(args, argv=None) -> None:
     table = []
     for label, steps, wall, val, run in rows:
         v = per[label]
-        vs = lambda other: "-" if label == other else "{:+.3f} ({:+.3f} to {:+.3f})".format(  # noqa: E731
-            *[paired(v, per[other])[k] for k in ("mean",)], *paired(v, per[other])["ci95"])
+        def vs(other):
+            if label == other:
+                return "-"
+            d = paired(v, per[other])
+            return "{:+.3f} ({:+.3f} to {:+.3f})".format(d["mean"], *d["ci95"])
         table.append([label, f"{step_s[label]:.3f}", steps, f"{wall / 60:.1f}", f"{val:.3f}", f"{v.mean():.3f}",
                       "{:.3f} to {:.3f}".format(*bootstrap_ci(v, 2000)), vs(ref), vs(best)])
     m = machine(gpu=False)

@@ -89,11 +89,10 @@ def _warm(path: Path | None, recipe: dict):
     """The cached arrays of a case, or None (absent or damaged: a worker reads the case again)."""
     if path is None or not path.is_file():
         return None
+    from imggen.storage import read_npz
+
     try:
-        with np.load(path, allow_pickle=False) as z:
-            a = {k: z[k] for k in z.files}
-        _check(recipe)(a)
-        return _unpack(a)
+        return _unpack(read_npz(path, _check(recipe)))
     except Exception:  # noqa: BLE001 - the worker's cached_npz notes the damage and rebuilds the entry
         return None
 

@@ -113,6 +113,16 @@ def cache_root(cache_dir=None) -> Path:
     return Path(env) if env else Path.home() / ".cache" / "imggen"
 
 
+def read_npz(path, check=None) -> dict:
+    """The arrays of the .npz `path`, checked by `check(arrays)`; raises when it cannot be read (np.load
+    checks each member's zip CRC) or when `check` rejects it."""
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    if check is not None:
+        check(arrays)
+    return arrays
+
+
 def cached_npz(path, compute, what: str, check=None) -> dict:
     """The arrays kept in the .npz `path`, else compute() -> {name: array}, kept there through a
     temporary file and a rename. A file that cannot be read (np.load checks each member's zip CRC,
@@ -122,11 +132,7 @@ def cached_npz(path, compute, what: str, check=None) -> dict:
     path = Path(path)
     if path.is_file():
         try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-            if check is not None:
-                check(arrays)
-            return arrays
+            return read_npz(path, check)
         except Exception as e:  # noqa: BLE001 - zipfile, numpy, zlib and check raise several types
             note_once(f"{what} {path} is damaged ({type(e).__name__}: {e}); computing it again")
     arrays = compute()
