@@ -316,15 +316,16 @@ def load(path, *, height: int, width: int, channels: int = 1, seed: int = 0, ski
         p["fill"].append(fills)
         p["case"] += [case.name] * len(keep)
         p["slice"] += keep
+    del done  # the parts hold the slices now
     if len(skipped) == len(cases):
         raise DataError(f"BraTS folder {path}: none of the {len(cases)} cases could be loaded")
     out, masks, fills = {}, {}, {}
-    for s, p in parts.items():
-        out[s] = np.concatenate(p["img"]) if p["img"] else np.zeros((0, channels, height, width), np.uint8)
+    for s, p in parts.items():  # each list freed once joined: the peak holds the slices about once, not twice
+        out[s] = np.concatenate(p.pop("img")) if p["img"] else np.zeros((0, channels, height, width), np.uint8)
         if inpainting:
-            masks[s] = np.concatenate(p["mask"]) if p["mask"] else np.zeros((0, 1, height, width), bool)
+            masks[s] = np.concatenate(p.pop("mask")) if p["mask"] else np.zeros((0, 1, height, width), bool)
         if inpainting and fills3d:
-            fills[s] = np.concatenate(p["fill"]) if p["fill"] else out[s].copy()
+            fills[s] = np.concatenate(p.pop("fill")) if p["fill"] else out[s].copy()
     meta = {"case": {s: p["case"] for s, p in parts.items()}, "slice": {s: p["slice"] for s, p in parts.items()}}
     nbrs = {s: slice_neighbours(p["case"], p["slice"], context_slices) for s, p in parts.items()} if context_slices else {}
     info = {"source": f"BraTS ({path})", "modality": mods, "orientation": ORIENTATION,

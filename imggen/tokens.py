@@ -21,8 +21,9 @@ def _as_tensor(images) -> torch.Tensor:
     return images
 
 
-def tokenize(images, bits: int = 8, shape: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """uint8 images (B, C, H, W) or (C, H, W) -> long tokens (B, H*W*C).
+def tokenize(images, bits: int = 8, shape: tuple[int, int, int] | None = None, dtype=torch.long) -> torch.Tensor:
+    """uint8 images (B, C, H, W) or (C, H, W) -> long tokens (B, H*W*C); dtype=torch.uint8: the
+    same tokens as uint8, with no long copy in between (a training set held in memory).
 
     `shape` = (C, H, W) expected by a model; a mismatch is a ShapeError naming both shapes.
     """
@@ -39,8 +40,8 @@ def tokenize(images, bits: int = 8, shape: tuple[int, int, int] | None = None) -
         raise ShapeError(f"images have shape (C, H, W) = {tuple(x.shape[1:])} but the model expects "
                          f"{tuple(shape)}; resize the images or use a model trained at that size")
     b = x.shape[0]
-    t = x.permute(0, 2, 3, 1).reshape(b, -1).long()
-    return t >> (8 - bits)
+    t = x.permute(0, 2, 3, 1).reshape(b, -1)
+    return (t if dtype == torch.uint8 else t.to(dtype)) >> (8 - bits)
 
 
 def detokenize_tokens(tokens: torch.Tensor, bits: int, shape: tuple[int, int, int]) -> torch.Tensor:

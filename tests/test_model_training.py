@@ -43,6 +43,8 @@ def test_tokens_roundtrip_and_order(bits, channels):
     assert torch.equal(tokenize(back, bits), t)
     if bits == 8:
         assert np.array_equal(back.numpy(), img)
+    small = tokenize(img, bits, dtype=torch.uint8)  # a training set held in memory: no long copy
+    assert small.dtype == torch.uint8 and torch.equal(small.long(), t)
 
 
 def test_tokens_bad_input():

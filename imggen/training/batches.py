@@ -51,9 +51,9 @@ def load_data(cfg: Config, progress: bool = True):
             raise ConfigError(f"the {name} split of --data {cfg.data.spec} is empty; use more data")
         # lazy data (imggen.datasets.lazy, e.g. --data moses): drawn and tokenised per batch
         splits[name] = imgs.tokens(m.bits, m.shape) if getattr(imgs, "is_lazy", False) else \
-            tokenize(imgs, m.bits, shape=m.shape).to(torch.uint8)
+            tokenize(imgs, m.bits, shape=m.shape, dtype=torch.uint8)
         if masks is not None:
-            splits[name + "_masks"] = np.asarray(masks).reshape(len(imgs), m.height, m.width).astype(bool)
+            splits[name + "_masks"] = np.asarray(masks).reshape(len(imgs), m.height, m.width).astype(bool, copy=False)
     return splits, data
 
 
