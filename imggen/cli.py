@@ -263,6 +263,8 @@ def sample_parser() -> argparse.ArgumentParser:
     ap.add_argument("--brats", metavar="DIR", help=BRATS_HELP)
     ap.add_argument("--uncertainty", action="store_true", help=UNCERTAINTY_HELP)
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--no-graph", action="store_true",
+                    help="on CUDA, take the eager decode step instead of replaying it as a CUDA graph (the default)")
     add_fill_flags(ap)
     add_threads_flag(ap)
     return ap
@@ -360,7 +362,8 @@ def sample_main(argv=None) -> int:
             raise ConfigError("this model was trained for inpainting with a context: pass --inpaint IMAGE --mask MASK "
                               "(or --prefix IMAGE --prefix-rows R)")
         kw = dict(rank=args.rank, batch_size=args.batch_size, temperature=args.temperature, top_k=args.top_k,
-                  seed=args.seed, cache=args.cache, progress=not args.no_progress)
+                  seed=args.seed, cache=args.cache, progress=not args.no_progress,
+                  graph="off" if args.no_graph else "auto")
         t0 = time.time()
         if conditional:
             image = as_image(model, _load_input(args.inpaint or args.prefix, cfg.channels))

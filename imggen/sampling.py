@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from imggen import graphs
 from imggen.decode import native
 from imggen.decode import make_caches
 from imggen.errors import ConfigError, ImggenError, ShapeError
@@ -79,7 +80,7 @@ def _loglik(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 def sample(model, batch_size: int, known=None, known_mask=None, temperature: float = 1.0,
            top_k: int | None = None, seed: int | None = None, cache: str = "evict",
            progress: bool = False, return_logprob: bool = False, context: torch.Tensor | None = None,
-           first: int = 0):
+           first: int = 0, graph: str = "auto"):
     """Draw token sequences (B, N) long. Positions where known_mask is True keep `known`;
     `context` (model.make_context) for context-trained models. temperature 0 = greedy. With a seed,
     sequence j is drawn from the stream (seed, first + j) (`uniforms`).
@@ -87,6 +88,10 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
     The longest prefix known for every image is processed in one parallel forward (prefill), and
     each later run of positions known for every image in one pass through the caches (extend).
     With return_logprob=True also returns each sequence's total log-likelihood (nats).
+
+    graph (imggen.graphs.GRAPH_MODES): "auto" replays each decode step as a CUDA graph on CUDA and
+    takes the eager step elsewhere (the native C step on CPU); "on" requires the graph; "eager"
+    takes the static step without one (the graph's arithmetic, for checks); "off" the eager step.
     """
     cfg = model.config
     n = cfg.seq_len
@@ -106,10 +111,16 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
                              f"and {tuple(known_mask.shape)}")
         check_range(known[known_mask], cfg.vocab)
     draws = uniforms(batch_size, n, seed, first).to(device)
-    caches = make_caches(model, batch_size, cache)
     feats = model.context_features(context, batch_size)
-    tokens = torch.zeros(batch_size, n, dtype=torch.long, device=device)
-    logp = torch.zeros(batch_size, device=device)
+    static = None
+    if graphs.use_static(graph, device):  # the step at fixed addresses, replayed as a CUDA graph on CUDA
+        static = graphs.decoder(model, batch_size, cache, temperature, top_k, known is not None, feats is not None,
+                                graph != "eager" and device.type == "cuda", draws, known, known_mask, feats, _pick)
+        caches, tokens, logp = static.caches, static.tokens, static.logp
+    else:
+        caches = make_caches(model, batch_size, cache)
+        tokens = torch.zeros(batch_size, n, dtype=torch.long, device=device)
+        logp = torch.zeros(batch_size, device=device)
     run_end = [0] * n  # u > t: positions t..u-1 are known for every image; 0: t is not
     if known_mask is not None:
         end = n
@@ -131,6 +142,16 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
     first_draw = next((i for i in range(start, n) if not run_end[i]), n)
     while t < n:
         decode_tick(batch_size, large)
+        if static is not None and not run_end[t]:  # a run of steps at fixed addresses, t on the device
+            u = next((i for i in range(t, n) if run_end[i]), n)
+            static.seek(t)
+            for i in range(t, u):
+                static.step()
+                if i == first_draw:  # fail early on a broken model
+                    _check_finite(static.logits)
+                bar.update(1)
+            t = u
+            continue
         if run_end[t]:  # known for every image: one pass for the run
             u = run_end[t]
             tokens[:, t:u] = known[:, t:u]
@@ -153,6 +174,8 @@ def sample(model, batch_size: int, known=None, known_mask=None, temperature: flo
         bar.update(u - t)
         t = u
     bar.close()
+    if static is not None:  # the decoder's buffers serve its next run
+        tokens, logp = tokens.clone(), logp.clone()
     _check_finite(logp)
     return (tokens, logp) if return_logprob else tokens
 
@@ -179,8 +202,8 @@ def decode_seconds_per_step(model, batch: int, steps: int = 8) -> float:
 # ------------------------------------------------------------------- ranking, completion, inpainting
 def generate(model, num: int, known=None, known_mask=None, rank: int = 1, batch_size: int = 16,
              temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
-             cache: str = "evict", progress: bool = False, context: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+             cache: str = "evict", progress: bool = False, context: torch.Tensor | None = None,
+             graph: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """`num` sequences; with rank = R each is the most likely (whole-image log-likelihood, known
     positions included) of R candidates. known / known_mask: (N,) or (num, N) as in `sample`;
     context: (1 or num, C+1, H, W) for context-trained models.
@@ -207,7 +230,8 @@ def generate(model, num: int, known=None, known_mask=None, rank: int = 1, batch_
         j = min(total, i + batch_size)
         t, lp = sample(model, j - i, None if known is None else known[i:j], None if known is None else known_mask[i:j],
                        temperature=temperature, top_k=top_k, seed=seed, first=i, cache=cache,
-                       progress=progress, return_logprob=True, context=None if context is None else context[i:j])
+                       progress=progress, return_logprob=True, context=None if context is None else context[i:j],
+                       graph=graph)
         toks.append(t.cpu())
         logps.append(lp.cpu())
     tokens, logp = torch.cat(toks).view(num, rank, n), torch.cat(logps).view(num, rank)

@@ -243,7 +243,7 @@ def brats_main(args: argparse.Namespace) -> int:
         return 1
     kw = dict(samples=args.samples, reduce=args.reduce or "mean", rank=args.rank, batch_size=args.batch_size,
               seed=0 if args.seed is None else args.seed, temperature=args.temperature, top_k=args.top_k,
-              cache=args.cache)
+              cache=args.cache, graph="off" if args.no_graph else "auto")
     failed = 0
     for i, case in enumerate(cases):
         try:

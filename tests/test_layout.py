@@ -124,7 +124,7 @@ LAYERS = [
     ("config", ["imggen.config"]),
     ("model", ["imggen.model"]),
     ("checkpoint", ["imggen.checkpoint"]),
-    ("sampling", ["imggen.sampling"]),
+    ("sampling", ["imggen.sampling", "imggen.graphs"]),
     ("volumes, eval", ["imggen.volumes", "imggen.volume_fill", "imggen.eval"]),
     ("training", ["imggen.training"]),
     ("cli", ["imggen.cli"]),

@@ -131,3 +131,24 @@ def test_backend_flag_reaches_the_model(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
         _run(capsys, "--checkpoint", run, "--backend", "bogus")
     assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_no_graph_flag_reaches_the_sampler_cuda_graph(tmp_path, capsys, monkeypatch):
+    """--no-graph: the eager step; default: "auto" (a CUDA graph on CUDA; the CPU keeps its step)."""
+    import imggen.graphs
+    seen = []
+    real = imggen.graphs.use_static
+
+    def spy(graph, device):
+        seen.append(graph)
+        return real(graph, device)
+    monkeypatch.setattr(imggen.graphs, "use_static", spy)
+    run = _ckpt(tmp_path)
+    outs = []
+    for flags in ([], ["--no-graph"]):
+        out = tmp_path / f"s{len(flags)}.png"
+        rc, _, err = _run(capsys, "--checkpoint", run, "--num", 2, "--seed", 3, "--out", out, "--device", "cpu",
+                          "--no-progress", *flags)
+        assert rc == 0, err
+        outs.append(_read(out))
+    assert seen == ["auto", "off"] and np.array_equal(*outs)
