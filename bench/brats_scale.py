@@ -133,7 +133,11 @@ def tree_rss(pid: int) -> int:
 
 
 def timed(cmd: list[str], log) -> dict:
-    """Run cmd; its wall seconds and the peak RSS of its process tree."""
+    """Run cmd; its wall seconds, the peak RSS of its process tree and its CPU seconds (the child's and
+    those of the workers it waited for: getrusage of the children)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     peak = [0]
@@ -148,7 +152,9 @@ def timed(cmd: list[str], log) -> dict:
     th.join()
     if rc:
         raise SystemExit(f"{' '.join(cmd[:6])} ... failed (exit {rc}); see {log.name}")
-    return {"wall_s": time.time() - t0, "peak_rss_gb": peak[0] / 2 ** 30}
+    wall, after = time.time() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return {"wall_s": wall, "peak_rss_gb": peak[0] / 2 ** 30, "cpu_s": cpu, "cores_busy": cpu / wall}
 
 
 def _load_once(a) -> None:
@@ -195,20 +201,22 @@ def load(a, argv) -> None:
                 r = timed(cmd, log) | {"cases": count, "load": which}
                 data["runs"].append(r)
                 rows.append([count, which, f"{r['wall_s']:.1f}", f"{1000 * r['wall_s'] / count:.0f}",
-                             f"{r['peak_rss_gb']:.2f}"])
+                             f"{r['peak_rss_gb']:.2f}", f"{r['cores_busy']:.2f}"])
     cores = a.workers or os.cpu_count()
     first = [r for r in data["runs"] if r["load"].startswith("first")]
     per_case = max(r["wall_s"] / r["cases"] for r in first)
-    extra = [[CHALLENGE_CASES, f"first, extrapolated ({cores} cores)", f"{per_case * CHALLENGE_CASES:.0f}", "", ""],
-             [CHALLENGE_CASES, "first, extrapolated (16 cores)", f"{per_case * CHALLENGE_CASES * cores / 16:.0f}", "", ""]]
+    extra = [[CHALLENGE_CASES, f"first, extrapolated ({cores} cores)", f"{per_case * CHALLENGE_CASES:.0f}", "", "", ""],
+             [CHALLENGE_CASES, "first, extrapolated (16 cores)", f"{per_case * CHALLENGE_CASES * cores / 16:.0f}", "", "",
+              ""]]
     m = machine(gpu=False)
     md = "\n".join([
         f"# BraTS folders at scale: `load_data` of `{a.preset}` on generated challenge-format cases", "",
         f"`{command_line('brats_scale.py', argv)}` at {git_commit()}, {time.strftime('%Y-%m-%d')}; {machine_line(m)}.", "",
-        f"Each load runs in a fresh process; {cores} worker processes; peak RSS of the whole process tree. The "
+        f"Each load runs in a fresh process; {cores} worker processes; peak RSS of the whole process tree; cores "
+        f"busy = CPU seconds of the process and its workers / wall seconds. The "
         f"1,251-case rows extrapolate the slowest first load per case ({per_case:.2f} s) linearly in cases and "
         f"in cores: not measured.", "",
-        md_table(["cases", "load", "wall s", "ms / case", "peak RSS GB"], rows + extra), ""])
+        md_table(["cases", "load", "wall s", "ms / case", "peak RSS GB", "cores busy"], rows + extra), ""])
     data.update(machine=m, commit=git_commit(), per_case_s=per_case, cores=cores)
     write_results(out_dir(a.out), a.stem, data, md)
     print(md)

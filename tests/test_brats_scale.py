@@ -75,6 +75,14 @@ def test_load_benchmark_first_and_second(tmp_path):
                       "--out", str(out), "--workers", "1"])
     d = json.loads((out / "brats_scale.json").read_text())
     assert [(r["cases"], r["load"]) for r in d["runs"]] == [(3, "first (cold cache)"), (3, "second (warm cache)")]
-    assert all(r["wall_s"] > 0 and r["peak_rss_gb"] > 0.05 for r in d["runs"])
+    assert all(r["wall_s"] > 0 and r["peak_rss_gb"] > 0.05 and r["cpu_s"] > 0.1 for r in d["runs"])
+    assert all(abs(r["cores_busy"] - r["cpu_s"] / r["wall_s"]) < 1e-9 for r in d["runs"])
     assert len(list((work / "cache3").rglob("*.npz"))) == 3 and len(os.listdir(work / "cases3")) == 3
     assert "extrapolated (16 cores)" in (out / "brats_scale.md").read_text()
+
+
+def test_timed_counts_the_cpu_of_a_busy_child(tmp_path):
+    with open(tmp_path / "log", "w") as log:
+        r = brats_scale.timed([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                               "while time.process_time() - t < 1.0: pass"], log)
+    assert r["cpu_s"] >= 0.9 and 0.3 < r["cores_busy"] <= 1.2

@@ -16,17 +16,7 @@ from imggen.sampling import _pick, generate, inpaint_images, sample, teacher_for
 
 torch.set_num_threads(1)
 
-# as tests/test_decode.py: blocks of 4 / 5 never divide the width 7 (or 21 subpixels)
-CASES = {
-    "full": dict(attention="full"),
-    "band": dict(attention="band", window=6),
-    "local2d": dict(attention="local2d", radius=1),
-    "bigbird": dict(attention="bigbird", block=5, window_blocks=2, global_blocks=1, random_blocks=2),
-    "diffuser": dict(attention="diffuser", window=5, global_tokens=3, random_edges=3, block=4,
-                     diffusion_steps=3, alpha=0.2),
-    "strided": dict(attention="strided"),
-    "mixed": dict(attention="local2d,bigbird,band", radius=2, window=9, block=4),
-}
+from test_decode import CASES  # noqa: E402  (attention, pattern parameters): the decode tests' patterns
 
 
 @pytest.fixture(autouse=True)

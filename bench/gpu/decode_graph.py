@@ -113,8 +113,8 @@ def train_rows(name: str, dev, dry: bool, steps: int) -> list[dict]:
     for mode in ("eager", "compile"):
         model, cfg = make_model(name, dev, dry, train=True)
         if mode == "compile":
-            for i, blk in enumerate(model.blocks):
-                model.blocks[i] = torch.compile(blk, backend="eager" if dry else "inductor")
+            for blk in model.blocks:  # in place: the state_dict keys (checkpoints) stay as they are
+                blk.compile(backend="eager" if dry else "inductor")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         b, n = cfg.train.batch_size if not dry else 2, model.config.seq_len
         g = torch.Generator().manual_seed(0)
