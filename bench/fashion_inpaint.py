@@ -68,6 +68,14 @@ def regression(path: str, images: np.ndarray, masks: np.ndarray) -> np.ndarray:
         return predict(load(path)[0], images, masks)
 
 
+def regress_budget(path: str) -> str:
+    """"S steps, M min" from a regress.pt's saved training budget."""
+    from imggen.inpainting.regress import load
+
+    info = load(path)[1]
+    return f"{info['steps']} steps, {info['seconds'] / 60:.0f} min"
+
+
 def context_fills(run: str, images: np.ndarray, masks: np.ndarray, k: int, seed: int) -> np.ndarray:
     """uint8 (N, K, C, H, W): K samples of each hole from the context model (known pixels exact)."""
     import imggen
@@ -102,7 +110,8 @@ def grid(path: str, columns: list[np.ndarray], rows: int = 8, scale: int = 4) ->
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--context", required=True, help="the context model's run folder (--task inpaint)")
-    ap.add_argument("--regress", help="the regression baseline's regress.pt (bench/train_regress.py)")
+    ap.add_argument("--regress", nargs="+", default=[],
+                    help="regression baselines' regress.pt (bench/train_regress.py): a row each, named by its budget")
     ap.add_argument("--data", default="fashion-mnist")
     ap.add_argument("--num", type=int, default=300, help="test images (the first N; default 300)")
     ap.add_argument("--samples", type=int, default=8, help="K draws per hole (default 8)")
@@ -118,9 +127,10 @@ def main(argv=None) -> int:
     fills, secs = {}, {}
     t = time.time()
     fills[BASELINE], secs[BASELINE] = biharmonic(truth, masks), time.time() - t
-    if a.regress:
+    for path in a.regress:
         t = time.time()
-        fills["regression (one pass)"], secs["regression (one pass)"] = regression(a.regress, voided, masks), time.time() - t
+        name = f"regression (one pass), {regress_budget(path)}"
+        fills[name], secs[name] = regression(path, voided, masks), time.time() - t
     t = time.time()
     draws = context_fills(a.context, voided, masks, a.samples, a.seed)
     took = time.time() - t
@@ -142,6 +152,12 @@ def main(argv=None) -> int:
         data["methods"][name] = {"psnr": p.tolist(), "ssim": s.tolist(), "vs_biharmonic_psnr": dp,
                                  "vs_biharmonic_ssim": ds, "seconds": secs[name]}
     data["hole_cover"] = cover.tolist()
+    versus = []  # the mean of K against each regression baseline, paired over the same images
+    for name in (k for k in per if k.startswith("regression")):
+        dp, ds = paired(per[mean][0], per[name][0]), paired(per[mean][1], per[name][1])
+        data["methods"][mean][f"vs {name}"] = {"psnr": dp, "ssim": ds}
+        versus.append([f"{mean} - {name}", "{:+.2f} ({:+.2f} to {:+.2f})".format(dp["mean"], *dp["ci95"]),
+                       "{:+.3f} ({:+.3f} to {:+.3f})".format(ds["mean"], *ds["ci95"]), f"{dp['better']:.0%}"])
     m = machine(gpu=False)
     md = "\n".join([
         f"# Fashion-MNIST inpainting: {len(truth)} official test images, holes over 25-45% of the garment", "",
@@ -151,7 +167,8 @@ def main(argv=None) -> int:
         f"({cover.min():.0%}-{cover.max():.0%}) and {masks.mean():.0%} of the image. PSNR / SSIM inside the hole "
         "per image; paired differences to biharmonic with 95% bootstrap intervals over images.", "",
         md_table(["method", "PSNR dB", "- biharmonic (paired)", "SSIM", "- biharmonic (paired)",
-                  "images better", "ms / image"], table), ""])
+                  "images better", "ms / image"], table), "",
+        *([md_table(["paired difference", "PSNR dB", "SSIM", "images better (PSNR)"], versus), ""] if versus else [])])
     out = out_dir(a.out)
     write_results(out, a.stem, data, md)
     grid(str(out / f"{a.stem}_grid.png"), [voided, fills[BASELINE], fills[one], fills[mean], truth])

@@ -26,6 +26,7 @@ import torch
 
 from imggen.decode import make_caches
 from imggen.decode.static import static_caches
+from imggen.errors import ConfigError
 
 GRAPH_MODES = ("auto", "on", "eager", "off")  # auto: a CUDA graph on CUDA, today's step elsewhere
 CHECK_STEPS = 4  # positions the first capture is checked on
@@ -36,10 +37,8 @@ MAX_HELD = 2  # decoders kept per model (e.g. a batch and the last smaller chunk
 def use_static(graph: str, device: torch.device) -> bool:
     """Whether `sample` takes the static step for `graph` (GRAPH_MODES) on `device`."""
     if graph not in GRAPH_MODES:
-        from imggen.errors import ConfigError
         raise ConfigError(f"graph={graph!r}: choose one of {', '.join(GRAPH_MODES)}")
     if graph == "on" and device.type != "cuda":
-        from imggen.errors import ConfigError
         raise ConfigError("graph='on' needs a CUDA device (a CUDA graph); use 'eager' for the static step elsewhere")
     return graph in ("on", "eager") or (graph == "auto" and device.type == "cuda")
 

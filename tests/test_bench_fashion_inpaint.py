@@ -70,13 +70,16 @@ def test_fashion_inpaint_end_to_end_on_tiny_models(tmp_path):
     assert fi.main(["--context", str(run), "--regress", str(tmp_path / "reg" / "regress.pt"), "--data", spec,
                     "--num", "4", "--samples", "2", "--out", str(out)]) == 0
     data = json.loads((out / "fashion_inpaint.json").read_text())
-    assert list(data["methods"]) == ["biharmonic 2-D", "regression (one pass)", "context model, 1 sample",
-                                     "context model, mean of 2"]
+    assert list(data["methods"]) == ["biharmonic 2-D", "regression (one pass), 2 steps, 0 min",
+                                     "context model, 1 sample", "context model, mean of 2"]
     for name, m in data["methods"].items():
         assert len(m["psnr"]) == 4 and all(np.isfinite(m["psnr"]))
         assert (m["vs_biharmonic_psnr"] is None) == (name == "biharmonic 2-D")
     assert all(0.25 <= c <= 0.45 for c in data["hole_cover"])
     from PIL import Image
     assert Image.open(out / "fashion_inpaint_grid.png").size == (5 * 30 * 4, 4 * 30 * 4)
-    assert "holes over 25-45% of the garment" in (out / "fashion_inpaint.md").read_text()
+    md = (out / "fashion_inpaint.md").read_text()
+    assert "holes over 25-45% of the garment" in md and "context model, mean of 2 - regression (one pass)" in md
+    vs = data["methods"]["context model, mean of 2"]["vs regression (one pass), 2 steps, 0 min"]
+    assert set(vs) == {"psnr", "ssim"} and vs["psnr"]["ci95"][0] <= vs["psnr"]["mean"] <= vs["psnr"]["ci95"][1]
 
