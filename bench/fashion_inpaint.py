@@ -61,19 +61,13 @@ def garment_holes(images: np.ndarray, seed: int = 0, cover=COVER) -> np.ndarray:
     return out
 
 
-def regression(path: str, images: np.ndarray, masks: np.ndarray) -> np.ndarray:
+def regression(path: str, images: np.ndarray, masks: np.ndarray) -> tuple[np.ndarray, str]:
+    """The regressor's fills and its training budget, "S steps, M min" (saved with it)."""
     from imggen.inpainting.regress import load, predict
 
+    model, info = load(path)
     with torch.no_grad():
-        return predict(load(path)[0], images, masks)
-
-
-def regress_budget(path: str) -> str:
-    """"S steps, M min" from a regress.pt's saved training budget."""
-    from imggen.inpainting.regress import load
-
-    info = load(path)[1]
-    return f"{info['steps']} steps, {info['seconds'] / 60:.0f} min"
+        return predict(model, images, masks), f"{info['steps']} steps, {info['seconds'] / 60:.0f} min"
 
 
 def context_fills(run: str, images: np.ndarray, masks: np.ndarray, k: int, seed: int) -> np.ndarray:
@@ -129,8 +123,9 @@ def main(argv=None) -> int:
     fills[BASELINE], secs[BASELINE] = biharmonic(truth, masks), time.time() - t
     for path in a.regress:
         t = time.time()
-        name = f"regression (one pass), {regress_budget(path)}"
-        fills[name], secs[name] = regression(path, voided, masks), time.time() - t
+        filled, budget = regression(path, voided, masks)
+        name = f"regression (one pass), {budget}"
+        fills[name], secs[name] = filled, time.time() - t
     t = time.time()
     draws = context_fills(a.context, voided, masks, a.samples, a.seed)
     took = time.time() - t

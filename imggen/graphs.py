@@ -25,6 +25,7 @@ import warnings
 import torch
 
 from imggen.decode import make_caches
+from imggen.decode.panels import reference_linear
 from imggen.decode.static import static_caches
 from imggen.errors import ConfigError
 
@@ -106,12 +107,9 @@ class StaticDecoder:
         x = x + m.row_emb(y) + m.col_emb(col) + m.chan_emb(ch)
         if self.feats is not None:
             x = x + self.feats.index_select(1, t)[:, 0]
-        for blk, cache in zip(m.blocks, self.static):
-            a = blk.attn
-            q, k, v = a.qkv(blk.ln1(x)).view(self.batch, 3, a.heads, a.head_dim).unbind(1)
-            x = x + a.proj(cache.attend(q, k, v, t).reshape(self.batch, -1))
-            x = x + blk.mlp(blk.ln2(x))
-        return m.head(m.ln_f(x)).float()
+        for blk, cache in zip(m.blocks, self.static):  # Block.step, its cache stepped by the device position
+            x = blk.step(x, t, cache, reference_linear)
+        return reference_linear(m.head, x, ln=m.ln_f).float()
 
     def step(self) -> None:
         if self.graph is not None:

@@ -31,15 +31,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from harness import command_line, fmt, git_commit, machine, machine_line, md_table, out_dir, write_results  # noqa: E402
+from harness import command_line, fmt, git_commit, machine, machine_line, md_table, out_dir, sync, write_results  # noqa: E402
 
 PEAK_BF16_TFLOPS = 989.0  # dense bf16, H100 SXM / H200 (NVIDIA datasheets)
 TINY = dict(height=8, width=8, dim=32, layers=2, heads=2)  # --dry-run's models
-
-
-def sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def make_model(name: str, dev, dry: bool, train: bool = False):

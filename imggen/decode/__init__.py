@@ -170,7 +170,7 @@ class Cache:
             self._check_read(t, read, bias)
         if self.z is None:
             return decode_attention(q, read(self.k), read(self.v), bias)
-        return self._diffuse(q, v, slot, read, bias)
+        return self.diffuse(q, v, lambda buf, z: buf[:, :, slot].copy_(z), read, bias)
 
     def _spec(self, t: int):
         """What query t reads: (hi, index, bias): the slots [0, hi) (index None) or index (1 or H,
@@ -208,16 +208,17 @@ class Cache:
             return per_table
         return per_table[torch.arange(self.heads, device=per_table.device) % hl]
 
-    def _diffuse(self, q, v, slot: int, read, bias) -> torch.Tensor:
+    def diffuse(self, q, v, store, read, bias) -> torch.Tensor:
         """Diffuser decode: A = softmax row of query t over the slots it reads; Z0 = V; K steps.
-        Stores Z1..Z(K-1) of position t in `slot` so that later queries can read them."""
+        Stores Z1..Z(K-1) of position t in its slot (store(buffer, z): z (B, H, D) into the buffer's
+        slot of t) so that later queries can read them."""
         p = self.pattern
         a = decode_probs(q, read(self.k), bias)  # (B, H, 1, L)
         z_prev = read(self.v)  # Z0 = V over the read slots, slot t included
         for step in range(1, p.steps + 1):
             z = (1 - p.alpha) * torch.matmul(a, z_prev)[:, :, 0] + p.alpha * v
             if step < p.steps:
-                self.z[step - 1][:, :, slot] = z
+                store(self.z[step - 1], z)
                 z_prev = read(self.z[step - 1])
         return z
 

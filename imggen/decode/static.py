@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from imggen.attention import decode_attention, decode_probs
+from imggen.attention import decode_attention
 from imggen.attention.blocked import additive_mask
 
 
@@ -52,15 +52,8 @@ class StaticCache:
         bias = c._per_head(additive_mask(ok, q.dtype))  # (H or 1, capacity)
         if c.z is None:
             return decode_attention(q, c.k, c.v, bias)
-        # diffuser: A = the softmax row over the readable slots; Z0 = V; Z1..Z(K-1) stored for later queries
-        p, z_prev = c.pattern, c.v
-        a = decode_probs(q, c.k, bias)
-        for step in range(1, p.steps + 1):
-            z = (1 - p.alpha) * torch.matmul(a, z_prev)[:, :, 0] + p.alpha * v
-            if step < p.steps:
-                c.z[step - 1].index_copy_(2, slot, z[:, :, None].to(c.z.dtype))
-                z_prev = c.z[step - 1]
-        return z
+        return c.diffuse(q, v, lambda buf, z: buf.index_copy_(2, slot, z[:, :, None].to(buf.dtype)),
+                         lambda buf: buf, bias)  # every slot read, under the bias
 
 
 class StaticGroupCache:
