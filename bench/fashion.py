@@ -191,28 +191,56 @@ def score(args, argv=None) -> None:
     print(md)
 
 
-# ----------------------------------------------------------------------------------------- patterns
-# (label, attention, pattern parameters): the `fashion` preset's model with each pattern, same size
-PATTERNS = [("full", "full", {}), ("band, 1 row (28)", "band", {"window": 28}),
-            ("band, 2 rows (56)", "band", {"window": 56}), ("local2d r3", "local2d", {}),
-            ("strided 28", "strided", {}), ("local2d r3 + band 56 (preset)", "local2d,band", {})]
+# ------------------------------------------------------------------------- equal-time tables
+# Rows: (label, overrides of the `fashion` preset). The time rule, the same for every model here and in
+# `score`: training-step time only. Each imggen row gets floor(budget / its step time) steps, the step
+# time measured up front on one batch; the PixelCNNs train until their summed step time passes the
+# budget. No model is charged for validation, checkpoints or sample grids.
+PATTERNS = [("full", {"model.attention": "full"}),
+            ("band, 1 row (28)", {"model.attention": "band", "model.window": 28}),
+            ("band, 2 rows (56)", {"model.attention": "band", "model.window": 56}),
+            ("local2d r3", {"model.attention": "local2d"}), ("strided 28", {"model.attention": "strided"}),
+            ("local2d r3 + band 56 (preset)", {})]
+# The recipe, lever by lever (issue 54). A run with --train.ema scores twice: its model (the average)
+# and the trained weights of its state.pt (the row "... , trained weights"), which are those of the same
+# run without the average (the average never feeds back into training).
+LEVERS = [("preset + EMA 0.995", {"train.ema": 0.995}),
+          ("mixture 10 + EMA 0.995", {"model.mixture": 10, "train.ema": 0.995}),
+          ("mixture 10 + EMA, lr 4e-3", {"model.mixture": 10, "train.ema": 0.995, "train.lr": 4e-3}),
+          ("mixture 10 + EMA, batch 32", {"model.mixture": 10, "train.ema": 0.995, "train.batch_size": 32}),
+          ("mixture 10 + EMA, dim 160 x 5", {"model.mixture": 10, "train.ema": 0.995, "model.dim": 160,
+                                             "model.layers": 5})]
 
 
-def pattern_config(attention: str, params: dict, steps: int = 1, spec: str = "fashion-mnist"):
-    from imggen.config import preset
+def row_config(overrides: dict, steps: int = 1, spec: str = "fashion-mnist"):
+    from imggen.config import apply_override, preset
 
     cfg = preset("fashion")
-    cfg.model.attention, cfg.data.spec = attention, spec
-    for k, v in params.items():
-        setattr(cfg.model, k, v)
+    cfg.data.spec = cfg.data.spec if spec is None else spec
+    for k, v in overrides.items():
+        apply_override(cfg, k, str(v))
     every = max(1, steps)
     cfg.train.steps, cfg.train.eval_every, cfg.train.ckpt_every = every, every, every
     cfg.train.warmup, cfg.train.eval_images, cfg.train.grid_time_frac = min(100, every // 10), 500, 0.0
     return cfg.validate()
 
 
-def patterns(args, argv=None) -> None:
-    """Each pattern trained for the same CPU time, then scored on the same test images, paired."""
+def trained_weights_model(run: str):
+    """The run's model with the trained weights of its state.pt (a --train.ema run), else None."""
+    import imggen
+    from imggen import checkpoint as ck
+    from imggen.training.average import load_trained
+
+    state = ck.load_state(ck.resolve(run))
+    if "trained" not in state:
+        return None
+    model = imggen.load_model(run)
+    load_trained(dict(model.named_parameters()), state["trained"])
+    return model.eval()
+
+
+def equal_time(args, argv, rows, title: str) -> None:
+    """Each row trained for the same training-step time, then scored on the same test images, paired."""
     import torch
 
     from imggen.eval.bpd import bootstrap_ci, per_image_bits_per_dim
@@ -220,13 +248,13 @@ def patterns(args, argv=None) -> None:
     from imggen.training.batches import load_data
     from moses_patterns import config_step_seconds
 
-    chosen = [p for p in PATTERNS if not args.only or p[0] in args.only]
+    chosen = [r for r in rows if not args.only or r[0] in args.only]
     os.makedirs(args.work, exist_ok=True)
     times_path = os.path.join(args.work, "step_seconds.json")
     step_s = json.load(open(times_path)) if os.path.exists(times_path) else {}
-    for label, attention, params in chosen:  # all timed up front, before any training
+    for label, over in chosen:  # all timed up front, before any training
         if label not in step_s:
-            step_s[label] = config_step_seconds(pattern_config(attention, params), args.threads, args.reps)
+            step_s[label] = config_step_seconds(row_config(over), args.threads, args.reps)
             print(f"{label}: {step_s[label]:.3f} s a step", flush=True)
             with open(times_path + ".tmp", "w") as f:
                 json.dump(step_s, f, indent=1)
@@ -234,50 +262,60 @@ def patterns(args, argv=None) -> None:
     torch.set_num_threads(args.threads)
     splits = None
     images = test_images(args.limit, args.data)
-    rows, per = [], {}
-    for label, attention, params in chosen:
+    table_rows, per = [], {}
+    for label, over in chosen:
         steps = max(1, int(args.minutes * 60 // step_s[label]))
         run = os.path.join(args.work, label.split(" (")[0].replace(" ", "_").replace(",", ""))
         cached = os.path.join(run, f"test_bpd_{len(images)}.npy")
+        cached_trained = os.path.join(run, f"test_bpd_trained_{len(images)}.npy")
         if not os.path.exists(cached):
             if splits is None:
-                splits, _ = load_data(pattern_config("full", {}, spec=args.data), progress=False)
+                splits, _ = load_data(row_config({}, spec=args.data), progress=False)
                 splits["test"] = splits["test"][: len(images)]
             t0 = time.time()
-            train(pattern_config(attention, params, steps, args.data), run, overwrite=True, data=splits, progress=False)
+            train(row_config(over, steps, args.data), run, overwrite=True, data=splits, progress=False)
             wall = time.time() - t0
-            model = __import__("imggen").load_model(run).eval()
             with torch.no_grad():
+                trained = trained_weights_model(run)
+                if trained is not None:
+                    np.save(cached_trained, per_image_bits_per_dim(trained, images, batch_size=64))
+                model = __import__("imggen").load_model(run).eval()
                 np.save(cached, per_image_bits_per_dim(model, images, batch_size=64))
             with open(os.path.join(run, "wall_s.txt"), "w") as f:
                 f.write(f"{wall:.0f}\n")
-        per[label] = np.load(cached)
         metrics = json.load(open(os.path.join(run, "metrics.json")))
         wall = float(open(os.path.join(run, "wall_s.txt")).read())
-        rows.append((label, steps, wall, metrics.get("val_bpd"), run))
-    ref = next((r[0] for r in rows if r[0] == "full"), rows[0][0])
+        if os.path.exists(cached_trained):
+            name = label.split(" + EMA")[0] if " + EMA" in label else f"{label}, trained weights"
+            per[name] = np.load(cached_trained)
+            table_rows.append((name, label, steps, wall, None))
+        per[label] = np.load(cached)
+        table_rows.append((label, label, steps, wall, metrics.get("val_bpd")))
+    ref = table_rows[0][0]
     best = min(per, key=lambda k: per[k].mean())
     table = []
-    for label, steps, wall, val, run in rows:
-        v = per[label]
+    for name, label, steps, wall, val in table_rows:
+        v = per[name]
+
         def vs(other):
-            if label == other:
+            if name == other:
                 return "-"
             d = paired(v, per[other])
             return "{:+.3f} ({:+.3f} to {:+.3f})".format(d["mean"], *d["ci95"])
-        table.append([label, f"{step_s[label]:.3f}", steps, f"{wall / 60:.1f}", f"{val:.3f}", f"{v.mean():.3f}",
-                      "{:.3f} to {:.3f}".format(*bootstrap_ci(v, 2000)), vs(ref), vs(best)])
+        table.append([name, f"{step_s[label]:.3f}", steps, f"{wall / 60:.1f}", "-" if val is None else f"{val:.3f}",
+                      f"{v.mean():.3f}", "{:.3f} to {:.3f}".format(*bootstrap_ci(v, 2000)), vs(ref), vs(best)])
     m = machine(gpu=False)
     md = "\n".join([
-        f"# Fashion-MNIST: attention patterns at equal CPU time ({args.minutes:g} min of training steps each)", "",
+        f"# Fashion-MNIST: {title} at equal CPU time ({args.minutes:g} min of training steps each)", "",
         f"`{command_line('fashion.py', argv)}` at {git_commit()}, {time.strftime('%Y-%m-%d')}; {machine_line(m)}.", "",
         "The `fashion` preset's model (dim 128, 6 layers, 4 heads, batch 16, lr 2e-3, bf16 where `auto` picks it) "
-        "with each pattern. Each gets floor(budget / its step time) steps; the step time is the best of "
-        f"{args.reps} steps on one random batch with {args.threads} threads, all measured before any training, so a "
-        "busy box changes the wall time, not the budget. Warm-up steps/10 (at most 100), cosine to 0.1x. "
-        f"Test bits/dim on the first {len(images)} official test images; intervals: 95% bootstrap (2,000 "
-        "resamples) over images, paired for the differences (same images).", "",
-        md_table(["pattern", "step s", "steps", "train wall min", "val bits/dim (500)", "test bits/dim",
+        "with each row's changes. Time rule: training-step time only; each row gets floor(budget / its step time) "
+        f"steps, the step time the best of {args.reps} steps on one random batch with {args.threads} threads, all "
+        "measured before any training, so a busy box changes the wall time, not the budget. Warm-up steps/10 (at "
+        "most 100), cosine to 0.1x. A row without its own step time is the trained weights of the EMA run above "
+        f"it (the same training). Test bits/dim on the first {len(images)} official test images; intervals: 95% "
+        "bootstrap (2,000 resamples) over images, paired for the differences (same images).", "",
+        md_table(["row", "step s", "steps", "train wall min", "val bits/dim (500)", "test bits/dim",
                   "95% interval", f"paired vs {ref}", f"paired vs {best} (best)"], table), ""])
     data = {"n_images": len(images), "minutes": args.minutes, "step_s": step_s, "rows": table,
             "per_image": {k: v.tolist() for k, v in per.items()}, "machine": m, "commit": git_commit()}
@@ -302,16 +340,17 @@ def main(argv=None) -> None:
     s.add_argument("--limit", type=int, default=None)
     s.add_argument("--out", default=None)
     s.add_argument("--stem", default="fashion")
-    t = sub.add_parser("patterns", help="imggen's attention patterns at equal CPU time, paired test bits/dim")
-    t.add_argument("--work", required=True, help="run folders (a pattern whose scores are there is not retrained)")
-    t.add_argument("--minutes", type=float, default=15)
-    t.add_argument("--limit", type=int, default=2000, help="test images scored (default the first 2000)")
-    t.add_argument("--only", nargs="*", default=None, help="pattern labels (default all)")
-    t.add_argument("--threads", type=int, default=2)
-    t.add_argument("--data", default="fashion-mnist", help="data spec (default fashion-mnist)")
-    t.add_argument("--reps", type=int, default=3)
-    t.add_argument("--out", default=None)
-    t.add_argument("--stem", default="fashion_patterns")
+    for part, what in (("patterns", "imggen's attention patterns"), ("levers", "the training recipe, lever by lever")):
+        t = sub.add_parser(part, help=f"{what} at equal CPU time, paired test bits/dim")
+        t.add_argument("--work", required=True, help="run folders (a row whose scores are there is not retrained)")
+        t.add_argument("--minutes", type=float, default=15)
+        t.add_argument("--limit", type=int, default=2000, help="test images scored (default the first 2000)")
+        t.add_argument("--only", nargs="*", default=None, help="row labels (default all)")
+        t.add_argument("--threads", type=int, default=2)
+        t.add_argument("--data", default="fashion-mnist", help="data spec (default fashion-mnist)")
+        t.add_argument("--reps", type=int, default=3)
+        t.add_argument("--out", default=None)
+        t.add_argument("--stem", default=f"fashion_{part}")
     args = ap.parse_args(argv)
     if args.part == "codecs":
         for k, v in codec_bits(test_images(args.limit)).items():
@@ -319,7 +358,9 @@ def main(argv=None) -> None:
     elif args.part == "pixelcnn":
         train_pixelcnn(args.work, args.minutes, [float(m) for m in args.snapshots.split(",") if m], lr=args.lr)
     elif args.part == "patterns":
-        patterns(args, argv)
+        equal_time(args, argv, PATTERNS, "attention patterns")
+    elif args.part == "levers":
+        equal_time(args, argv, LEVERS, "the training recipe")
     else:
         score(args, argv)
 

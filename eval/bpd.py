@@ -1,7 +1,7 @@
 """Exact bits/dim of a model on uint8 images, with a per-image bootstrap CI and an honest label.
 
 bits/dim = mean over every subpixel of -log2 p(subpixel | previous subpixels), computed from
-`model(tokens)` logits (teacher forcing, one parallel forward per batch) in float32 under
+`model(tokens)` logits, or a model's own `model(tokens, nll=True)` where it has `scores_tokens` (teacher forcing, one parallel forward per batch) in float32 under
 torch.no_grad with the model in eval mode. Images are tokenised with the model's own bit depth,
 so a 4-bit model is scored on its own 4-bit quantisation of the data: that number is NOT on the
 scale of published 8-bit results (PixelCNN++, Image Transformer, Sparse Transformer, ...).
@@ -87,11 +87,15 @@ def token_bits_per_dim(model, tokens: torch.Tensor, batch_size: int = 16, masks=
                       leave=False):
             x = tokens[i: i + batch_size].long().to(device)
             context, weight = (None, None) if inputs is None else inputs(x, slice(i, i + batch_size))
-            logits = (model(x) if context is None else model(x, context=context)).float()
-            if logits.shape != (*x.shape, cfg.vocab):
-                raise ShapeError(f"model returned logits of shape {tuple(logits.shape)}, expected "
-                                 f"{(*x.shape, cfg.vocab)}")
-            nll = F.cross_entropy(logits.reshape(-1, cfg.vocab), x.reshape(-1), reduction="none").view(x.shape)
+            kw = {} if context is None else {"context": context}
+            if getattr(model, "scores_tokens", False):  # the model's own -log p of each token (a mixture's: O(K))
+                nll = model(x, nll=True, **kw).float()
+            else:
+                logits = model(x, **kw).float()
+                if logits.shape != (*x.shape, cfg.vocab):
+                    raise ShapeError(f"model returned logits of shape {tuple(logits.shape)}, expected "
+                                     f"{(*x.shape, cfg.vocab)}")
+                nll = F.cross_entropy(logits.reshape(-1, cfg.vocab), x.reshape(-1), reduction="none").view(x.shape)
             count = torch.full((len(x),), x.shape[1], dtype=torch.float64) if weight is None else weight.sum(1).double()
             if weight is not None:
                 nll = nll * weight

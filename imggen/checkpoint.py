@@ -345,10 +345,10 @@ def load_state(ckpt_dir: str, map_location=None) -> dict:
 
 
 def _state_problem(state) -> str | None:
-    """None when `state` has the layout save() writes: optimizer state dict, CPU RNG state, step."""
-    if not isinstance(state, dict) or set(state) != {"optimizer", "rng", "step"}:
+    """None when `state` has save()'s layout: optimizer state dict, CPU RNG state, step (and trained)."""
+    if not isinstance(state, dict) or set(state) - {"trained"} != {"optimizer", "rng", "step"}:
         keys = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
-        return f"expected the keys optimizer, rng and step, found {keys}"
+        return f"expected the keys optimizer, rng and step (and trained), found {keys}"
     if not (isinstance(state["step"], int) and state["step"] >= 0):
         return f"step must be a non-negative int, got {state['step']!r}"
     rng = state["rng"]

@@ -47,6 +47,7 @@ class _ModelCore:
     heads: int = 4
     mlp_ratio: float = 4.0
     dropout: float = 0.0
+    mixture: int = 0                 # K > 0: a discretized logistic mixture of K components (imggen.mixture); 0: softmax
     # attention: one kind, or a comma-separated list cycled over layers ("local2d,band"); the
     # pattern parameters (window, radius, ...) are fields added from the pattern classes below
     attention: str = "band"
@@ -82,6 +83,10 @@ class _ModelCore:
             raise ConfigError(f"model.height * width * channels must be at most {2 ** 24} tokens, got "
                               f"{self.height} * {self.width} * {self.channels} = {self.seq_len}")
         _at_least("model", self, 0, open_=True, mlp_ratio=0)
+        _at_least("model", self, 0, mixture=0)
+        _at_most("model", self, mixture=256)
+        if self.mixture and self.bits < 2:
+            raise ConfigError(f"model.mixture needs at least 2-bit tokens (bins of a line), got bits {self.bits}")
         if not 0 <= self.dropout < 1:
             raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
         if self.context not in CONTEXTS:
@@ -151,6 +156,7 @@ class TrainConfig:
     task: str = "generate"          # generate | inpaint (a context model learns to fill masked pixels)
     augment: bool = False           # a random warp + gamma per training image (imggen.augment)
     precision: str = "auto"         # auto | fp32 | bf16: bf16 autocast of the forward (imggen.precision)
+    ema: float = 0.0                # > 0: the run's model is this moving average of the weights (imggen.training.average)
 
     def validate(self) -> "TrainConfig":
         _at_least("train", self, 1, steps=1, batch_size=1, eval_every=1, eval_images=1, sample_num=1,
@@ -162,6 +168,8 @@ class TrainConfig:
             raise ConfigError(f"train.task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if not 0 <= self.ema < 1:
+            raise ConfigError(f"train.ema must be in [0, 1) (0: no weight average), got {self.ema}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         return self

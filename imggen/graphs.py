@@ -109,7 +109,7 @@ class StaticDecoder:
             x = x + self.feats.index_select(1, t)[:, 0]
         for blk, cache in zip(m.blocks, self.static):  # Block.step, its cache stepped by the device position
             x = blk.step(x, t, cache, reference_linear)
-        return reference_linear(m.head, x, ln=m.ln_f).float()
+        return m.to_logits(reference_linear(m.head, x, ln=m.ln_f).float())
 
     def step(self) -> None:
         if self.graph is not None:

@@ -19,6 +19,7 @@ from imggen.config import ModelConfig
 from imggen.inpainting.context import ContextEncoder, context_channels, make_context
 from imggen.errors import ShapeError
 from imggen.fused import ln_linear, ln_mlp
+from imggen import mixture
 from imggen.decode.panels import native_step, step_linear
 from imggen.patterns import Pattern
 from imggen.attention import forced_backend, sparse_attention
@@ -92,6 +93,8 @@ class Block(nn.Module):
 
 
 class ImageTransformer(nn.Module):
+    scores_tokens = True  # forward(tokens, nll=True) gives -log p of each token (imggen.eval.bpd reads it)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg.validate()
@@ -108,7 +111,7 @@ class ImageTransformer(nn.Module):
         self.context = None if cfg.context == "none" else ContextEncoder(
             cfg.channels, cfg.height, cfg.width, cfg.context_width, d, cfg.context_slices, cfg.context_fill)
         self.ln_f = nn.LayerNorm(d)
-        self.head = nn.Linear(d, cfg.vocab, bias=False)
+        self.head = nn.Linear(d, mixture.head_width(cfg.mixture, cfg.vocab), bias=False)
         self.apply(self._init)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
@@ -172,8 +175,11 @@ class ImageTransformer(nn.Module):
         y, x, _ = self.pos_index
         return f[:, y * cfg.width + x]
 
-    def forward(self, tokens: torch.Tensor, caches=None, context: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (B, N, V); `context` (model.make_context) for context-trained models."""
+    def forward(self, tokens: torch.Tensor, caches=None, context: torch.Tensor | None = None,
+                nll: bool = False) -> torch.Tensor:
+        """Logits (B, N, V) (a mixture model's: its log-probabilities); `context` (model.make_context) for
+        context-trained models. With nll=True, -log p(tokens) (B, N) in nats instead (training's loss:
+        a mixture model scores each token's own bin alone, imggen.mixture.token_nll)."""
         self.check_tokens(tokens)
         x = self.embed_inputs(tokens)
         feats = self.context_features(context, tokens.shape[0])
@@ -184,9 +190,19 @@ class ImageTransformer(nn.Module):
                 x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
             else:
                 x = blk(x, None if caches is None else caches[i])
-        return self.logits(x)
+        out = self.head_out(x)
+        if not nll:
+            return self.to_logits(out)
+        if self.config.mixture:
+            return mixture.token_nll(out, tokens, self.config.vocab)
+        return nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), tokens.reshape(-1),
+                                           reduction="none").view(tokens.shape)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits of hidden states x (..., dim)."""
+        return self.to_logits(self.head_out(x))
+
+    def head_out(self, x: torch.Tensor) -> torch.Tensor:
         """head(ln_f(x)), in float32 even under bf16 autocast: logits rounded to bfloat16 (8 bits of
         mantissa, errors of 0.03-0.06 at logits of 10-20) cost bits/dim (bench/RESULTS.md section 13)."""
         kind = x.device.type
@@ -195,13 +211,18 @@ class ImageTransformer(nn.Module):
         with torch.autocast(kind, enabled=False):
             return self.head(self.ln_f(x.float()))
 
+    def to_logits(self, out: torch.Tensor) -> torch.Tensor:
+        """The head's outputs (..., head width) -> logits (..., V): themselves, or the mixture's V
+        log-probabilities (imggen.mixture.log_probs)."""
+        return mixture.log_probs(out, self.config.vocab) if self.config.mixture else out
+
     @torch.no_grad()
     def step(self, prev: torch.Tensor | None, t: int, caches, features: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, V) at position t given token t-1 (`prev`, (B,) long; None at t = 0);
         `features` = context_features(context) of a context-trained model, computed once."""
         fused = native_step(self, caches)
         if fused is not None:  # imggen.decode.native: the whole step in one call
-            return fused.step(prev, t, self._features(features, t))
+            return self.to_logits(fused.step(prev, t, self._features(features, t)))
         if t == 0:
             x = self.start.expand(caches[0].batch, -1)
         else:
@@ -210,7 +231,7 @@ class ImageTransformer(nn.Module):
         linear = step_linear(self, caches)
         for blk, cache in zip(self.blocks, caches):
             x = blk.step(x, t, cache, linear)
-        return linear(self.head, x, ln=self.ln_f)
+        return self.to_logits(linear(self.head, x, ln=self.ln_f))
 
     @torch.no_grad()
     def extend(self, prev: torch.Tensor, t0: int, caches, features: torch.Tensor | None = None) -> torch.Tensor:
@@ -228,7 +249,7 @@ class ImageTransformer(nn.Module):
         x = self._add_features(self.tok_emb(prev) + self.pos_emb(t0, t1), features, slice(t0, t1))
         for blk, cache in zip(self.blocks, caches):
             x = blk(x, cache, t0)
-        return self.head(self.ln_f(x))
+        return self.to_logits(self.head(self.ln_f(x)))
 
     def _add_features(self, x, features, at):
         f = self._features(features, at)

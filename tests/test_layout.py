@@ -114,7 +114,7 @@ def test_library_modules_stay_readable(folder):
 # the layers below it (function-level imports count; the cycle test above keeps a layer's own
 # modules from going round). Each subpackage's docstring says the same in words.
 LAYERS = [
-    ("base", ["imggen", "imggen.errors", "imggen.storage", "imggen.threads", "imggen.memory", "imggen.precision",
+    ("base", ["imggen", "imggen.errors", "imggen.storage", "imggen.threads", "imggen.memory", "imggen.precision", "imggen.mixture",
               "imggen.cbuild", "imggen.cpu_ops", "imggen.fused", "imggen.tokens", "imggen.images", "imggen.augment",
               "imggen.classic"]),
     ("patterns, datasets", ["imggen.patterns", "imggen.datasets"]),

@@ -299,7 +299,7 @@ typedef struct {
     const float *lnf_w, *lnf_b;
     float eps;
     const float *head, *head_b;
-    int vocab;
+    int vocab, out; /* token values; the head's outputs (vocab logits, or a mixture's parameters) */
 } imggen_model;
 
 /* x (B, dim) <- the n layers applied in order at decode step t:
@@ -335,7 +335,7 @@ static int blocks(const imggen_layer *layers, int n, int64_t t, float *x, int B,
 /* One decode step of the whole model: x (B, dim) <- the input at position t (the start vector at
  * t = 0, else the embedding of prev[b * prev_stride], plus the position's row, column and channel
  * embeddings, plus features (B rows ldf apart) when not NULL, summed in imggen.model's order), the
- * layers, then logits (B, vocab) = head(LN_f(x)). Returns 0, -1 if out of memory, -2 for a token
+ * layers, then logits (B, out) = head(LN_f(x)). Returns 0, -1 if out of memory, -2 for a token
  * outside 0..vocab-1 (nothing written). */
 int imggen_step(const imggen_layer *layers, int n, const imggen_model *m, int64_t t, const int64_t *prev,
                 int64_t prev_stride, const float *features, int64_t ldf, float *x, float *logits, int B, int dim,
@@ -353,7 +353,7 @@ int imggen_step(const imggen_layer *layers, int n, const imggen_model *m, int64_
         }
     }
     if (blocks(layers, n, t, x, B, dim, H)) return -1;
-    return imggen_linear(x, B, dim, dim, m->lnf_w, m->lnf_b, m->eps, m->head, m->head_b, m->vocab, 0, NULL, logits);
+    return imggen_linear(x, B, dim, dim, m->lnf_w, m->lnf_b, m->eps, m->head, m->head_b, m->out, 0, NULL, logits);
 }
 
 /* One sampling draw per row b of logits (B, V) (imggen.sampling._pick and _loglik): the token is the

@@ -155,7 +155,8 @@ class Model(ctypes.Structure):
     """imggen_model in native.c: the embeddings, positions, final LayerNorm and head around the layers."""
     _fields_ = [(f, ctypes.c_void_p) for f in ("tok", "start", "row", "col", "chan", "pos")] + \
         [("n", ctypes.c_int64), ("lnf_w", ctypes.c_void_p), ("lnf_b", ctypes.c_void_p), ("eps", ctypes.c_float),
-         ("head", ctypes.c_void_p), ("head_b", ctypes.c_void_p), ("vocab", ctypes.c_int)]
+         ("head", ctypes.c_void_p), ("head_b", ctypes.c_void_p), ("vocab", ctypes.c_int),
+         ("out", ctypes.c_int)]
 
 
 class ModelStep:
@@ -176,9 +177,9 @@ class ModelStep:
         self.keep = (model, layers)  # the tensors the structs point into
         self.caches, self.heads = list(caches), heads
         self.batch, self.dim, self.n = self.caches[0].k.shape[0], model["tok"].shape[1], model["pos"].shape[1]
-        self.vocab = model["tok"].shape[0]
-        self.model = Model(**{f: _ptr(model[f]) for f, _ in Model._fields_ if f not in ("n", "eps", "vocab")},
-                           n=self.n, eps=model["eps"], vocab=self.vocab)
+        self.vocab, self.out = model["tok"].shape[0], model["out"]  # token values; the head's outputs
+        self.model = Model(**{f: _ptr(model[f]) for f, _ in Model._fields_ if f not in ("n", "eps", "vocab", "out")},
+                           n=self.n, eps=model["eps"], vocab=self.vocab, out=self.out)
         self.layers = (Layer * len(layers))()
         self.reads = [None] * len(layers)  # the plan tensors each layer points into
         for lay, w, cache in zip(self.layers, layers, self.caches):
@@ -214,9 +215,9 @@ class ModelStep:
         self.lo, self.hi = max(lay.t0 for lay in self.layers), min(lay.t1 for lay in self.layers)
 
     def step(self, prev: torch.Tensor | None, t: int, features: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (B, vocab) at position t given token t-1 (prev, (B,) int64; None at t = 0) and a
-        context model's features (B, dim) of position t (None without a context); stores every
-        layer's key and value of position t."""
+        """The head's outputs (B, out) (logits, or a mixture's parameters) at position t given token t-1
+        (prev, (B,) int64; None at t = 0) and a context model's features (B, dim) of position t (None
+        without a context); stores every layer's key and value of position t."""
         b = self.batch
         if not 0 <= t < self.n or (t > 0 and (prev is None or prev.dim() != 1 or prev.shape[0] != b)):
             got = "no token" if prev is None else f"tokens {tuple(prev.shape)}"
@@ -232,7 +233,7 @@ class ModelStep:
         if features is not None:
             features = features if features.stride(-1) == 1 else features.contiguous()
             ldf = features.stride(0)
-        logits = torch.empty(b, self.vocab)  # fresh: callers keep each step's logits
+        logits = torch.empty(b, self.out)  # fresh: callers keep each step's logits
         rc = _lib.imggen_step(self.layers, len(self.layers), ctypes.byref(self.model), t, prev_ptr, prev_stride,
                               _ptr(features), ldf, self.x.data_ptr(), logits.data_ptr(), b, self.dim, self.heads)
         if rc == -2:

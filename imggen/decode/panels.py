@@ -112,7 +112,7 @@ def _model_weights(model: nn.Module, store: dict) -> dict:
     return dict(tok=model.tok_emb.weight.detach(), start=model.start.detach(), row=model.row_emb.weight.detach(),
                 col=model.col_emb.weight.detach(), chan=model.chan_emb.weight.detach(), pos=model.pos_index,
                 lnf_w=model.ln_f.weight.detach(), lnf_b=model.ln_f.bias.detach(), eps=model.ln_f.eps,
-                head=head, head_b=None if head_b is None else head_b.reshape(-1))
+                head=head, head_b=None if head_b is None else head_b.reshape(-1), out=model.head.out_features)
 
 
 def _block_weights(block: nn.Module, store: dict) -> dict:

@@ -34,9 +34,12 @@ from imggen.inpainting.tasks import TASKS
 from imggen.model import ImageTransformer
 from imggen.precision import autocast, describe, resolve
 from imggen.storage import atomic_write_text
+from imggen.training.average import WeightAverage, averaged, load_trained
 from imggen.training.batches import batch_indices, load_data, unigram_bpd
 from imggen.training.runlock import RunLock
 from imggen.training.runlog import Logger, StopSignal, final_grid, final_metrics, sample_grid
+from imggen.training.stops import first_line as _first_line, lost_peer as _lost_peer, resume_hint as _resume_hint, \
+    stopped as _stopped
 
 LN2 = math.log(2.0)
 
@@ -77,10 +80,8 @@ def train_step(model, opt, x: torch.Tensor, step: int, cfg: Config, device, loss
     the global batch's loss."""
     for g in opt.param_groups:
         g["lr"] = lr_at(step, cfg)
-    with autocast(device, cfg.train.precision):
-        logits = model(x, context=context)
-    nll = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1),
-                                            reduction="none")
+    with autocast(device, cfg.train.precision):  # -log p of each token (ImageTransformer.forward, nll=True)
+        nll = model(x, context=context, nll=True).float().reshape(-1)
     if loss_mask is None:
         loss = nll.mean()
     else:  # a batch (or a process's share) without unknown pixels has loss 0, not 0/0
@@ -116,6 +117,7 @@ class Run:
     complete: bool = False         # --resume of a run that already finished at --steps
     metrics: dict = field(default_factory=dict)
     progress: bool = True  # progress bars (train.py --no-progress turns all of them off)
+    average: WeightAverage | None = None  # --train.ema: the weights' average, the run's model
 
     @property
     def main(self) -> bool:
@@ -178,9 +180,14 @@ def setup(cfg: Config, out: str, resume: bool, overwrite: bool, device: str | No
                   f"{cfg.train.precision}); the continuation is not bit-exact")
     model, opt = build_model_and_optimizer(cfg, device)
     run = Run(cfg, out, device, rank, world, model, opt, {})
+    run.average = WeightAverage(model, cfg.train.ema) if cfg.train.ema else None
     if resume:
         ck.load_weights(model, found, cfg)
         state = ck.load_state(found, device)
+        if run.average is None:  # the trained weights, where the checkpoint holds an average
+            load_trained(dict(model.named_parameters()), state.get("trained"))
+        else:
+            run.average.restore(state.get("trained"))
         opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
         run.step, run.last_good = state["step"], found
@@ -211,23 +218,28 @@ def periodic(run: Run, logger: Logger, rate: dict) -> None:
         tps = t.batch_size * run.cfg.model.seq_len * (step - rate["step"]) / max(1e-9, now - rate["time"])
         rate.update(step=step, time=now, tokens_per_s=tps)
         logger.log(step, train_bpd=rate["bpd"], lr=lr_at(step - 1, run.cfg), tokens_per_s=tps)
-    if run.main and (step % t.eval_every == 0 or step == t.steps):
-        run.metrics["val_bpd"] = val = evaluate(run, "val", t.eval_images)
-        logger.log(step, val_bpd=val)
-    if run.main and t.sample_every and step % t.sample_every == 0 and step != t.steps:
-        sample_grid(run, t.sample_num)
+    with averaged(run.average if run.main else None):
+        if run.main and (step % t.eval_every == 0 or step == t.steps):
+            run.metrics["val_bpd"] = val = evaluate(run, "val", t.eval_images)
+            logger.log(step, val_bpd=val)
+        if run.main and t.sample_every and step % t.sample_every == 0 and step != t.steps:
+            sample_grid(run, t.sample_num)
     if step % t.ckpt_every == 0 or step == t.steps:
         save(run)
 
 
 def save(run: Run) -> None:
-    """A checkpoint of the current step; TrainingError instead when a weight is not finite."""
+    """A checkpoint of the current step (its model the weights' average, with --train.ema); TrainingError
+    instead when a weight is not finite."""
     if not torch.stack([p.detach().isfinite().all() for p in run.model.parameters()]).all():
         raise TrainingError(f"the weights became non-finite at step {run.step}")
-    if run.main:
-        run.last_good = ck.save_checkpoint(run.out, run.step, run.model, run.cfg, {
-            "optimizer": run.opt.state_dict(), "rng": torch.get_rng_state(), "step": run.step},
-            notes={"precision": resolve(run.cfg.train.precision, run.device)[0]})
+    state = {"optimizer": run.opt.state_dict(), "rng": torch.get_rng_state(), "step": run.step}
+    if run.main and run.average is not None:
+        state["trained"] = run.average.trained()
+    with averaged(run.average if run.main else None):
+        if run.main:
+            run.last_good = ck.save_checkpoint(run.out, run.step, run.model, run.cfg, state,
+                                               notes={"precision": resolve(run.cfg.train.precision, run.device)[0]})
     if run.world > 1:
         dist.barrier()
 
@@ -290,6 +302,8 @@ def _train(cfg, out, resume, overwrite, device, data, progress, hooks, governor)
             try:
                 rate["bpd"] = train_step(net, run.opt, x, run.step, cfg, run.device, (hooks or {}).get("loss"),
                                          context, loss_mask, norm)
+                if run.average is not None:
+                    run.average.update(run.step)
                 run.step += 1
                 stopping, rate["bpd"] = _sync_step(run, stop, rate["bpd"])
                 bar.update(1)
@@ -314,41 +328,6 @@ def _train(cfg, out, resume, overwrite, device, data, progress, hooks, governor)
                                  f"training stopped at step {run.step}; {_resume_hint(out)}") from None
     bar.close()
     return finish(run, logger, time.time() - t_start)
-
-
-def _resume_hint(out: str, fix: str = "") -> str:
-    """Where a stopped run can continue from: its newest complete checkpoint and the command."""
-    found = ck.find_checkpoint(out) if os.path.isdir(out) else None
-    fix = f"{fix}, then " if fix else ""
-    if found is None:
-        return f"no checkpoint was saved; {fix}start again"
-    return f"the last good checkpoint is step {ck.step_of(found)} ({found}); {fix}continue with: python train.py " \
-           f"--out {out} --resume"
-
-
-def _lost_peer(e: RuntimeError) -> bool:
-    """Whether a collective failed because another process of the job died (gloo / NCCL)."""
-    text = str(e)
-    return isinstance(e, dist.DistError) or any(s in text for s in (
-        "Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL", "gloo"))
-
-
-def _first_line(e: Exception) -> str:
-    line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return line.split("] ", 1)[-1].split(". ")[0][:160]  # gloo's "[file.cc:561] " prefix and advice off
-
-
-def _stopped(run: Run) -> str:
-    """The end of the message of a non-finite stop at run.step: which checkpoint --resume continues.
-    A checkpoint of this very step holds the weights that gave the non-finite values: it is set aside."""
-    t, removed = run.cfg.train, ""
-    if run.main and run.last_good and os.path.basename(run.last_good) == f"step_{run.step:07d}":
-        aside, run.last_good = ck.set_aside(run.last_good)
-        removed = f" (the weights that gave it are set aside as {os.path.basename(aside)})"
-    fix = f"Lower --lr (now {t.lr:g}) or --train.grad_clip (now {t.grad_clip:g})"
-    if run.last_good:
-        return f"training stopped and the last good checkpoint is {run.last_good}{removed}. {fix}, then --resume"
-    return f"training stopped before a good checkpoint was saved{removed}. {fix} and start again (--overwrite)"
 
 
 def next_batch(run: Run):
@@ -382,6 +361,14 @@ def _sync_step(run: Run, stop: StopSignal, bpd: float) -> tuple[bool, float]:
 
 
 def finish(run: Run, logger: Logger, train_s: float) -> dict:
+    with averaged(run.average if run.main else None):
+        _finish_main(run, logger, train_s)
+    if run.world > 1:
+        dist.destroy_process_group()
+    return run.metrics
+
+
+def _finish_main(run: Run, logger: Logger, train_s: float) -> None:
     cfg = run.cfg
     if run.main:
         test = evaluate(run, "test")
@@ -395,6 +382,3 @@ def finish(run: Run, logger: Logger, train_s: float) -> dict:
         atomic_write_text(os.path.join(run.out, "metrics.json"), json.dumps(run.metrics, indent=2))
         print(f"test bits/dim {test:.3f} (unigram entropy of the data {uni:.3f} bits/dim); "
               f"checkpoint {run.last_good}; samples {grid}")
-    if run.world > 1:
-        dist.destroy_process_group()
-    return run.metrics
