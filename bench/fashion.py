@@ -75,16 +75,30 @@ def lr_at(elapsed: float, step: int, budget: float, lr: float, warmup: int = 100
     return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+KINDS = {"gated": "Gated PixelCNN", "pp": "PixelCNN++"}
+
+
+def _pixelcnn_class(kind: str):
+    if kind == "pp":
+        from pixelcnnpp import PixelCNNPPConfig, PixelCNNPPModel
+        return PixelCNNPPConfig, PixelCNNPPModel
+    from pixelcnn import PixelCNNConfig, PixelCNNModel
+    return PixelCNNConfig, PixelCNNModel
+
+
 def train_pixelcnn(work: str, minutes: float, snapshots, lr: float = 1e-3, batch: int = 16, seed: int = 0,
                    cfg=None, data=None, log=print, warmup: int = 100,
-                   precision: str = "auto") -> list[str]:
-    """Train a Gated PixelCNN for `minutes` of training time; a snapshot file at each of `snapshots`
-    minutes (and at the end). Returns the snapshot paths."""
+                   precision: str = "auto", kind: str = "gated", ema: float = 0.0) -> list[str]:
+    """Train a Gated PixelCNN (kind "gated") or a PixelCNN++ ("pp") for `minutes` of training time; a
+    snapshot file at each of `snapshots` minutes (and at the end), of the weights' moving average when
+    `ema` > 0 (Polyak averaging: imggen.training.average). Returns the snapshot paths."""
     import torch
 
     from imggen.precision import resolve
+    from imggen.training.average import averaged, WeightAverage
     from imggen.training.batches import batch_indices
-    from pixelcnn import PixelCNNConfig, PixelCNNModel
+
+    config_cls, model_cls = _pixelcnn_class(kind)
 
     os.makedirs(work, exist_ok=True)
     if data is None:
@@ -92,7 +106,8 @@ def train_pixelcnn(work: str, minutes: float, snapshots, lr: float = 1e-3, batch
         data = load_dataset("fashion-mnist", height=28, width=28, channels=1).train
     train = torch.from_numpy(np.ascontiguousarray(data)).reshape(len(data), -1)
     torch.manual_seed(seed)
-    model = PixelCNNModel(cfg or PixelCNNConfig())
+    model = model_cls(cfg or config_cls())
+    average = WeightAverage(model, ema) if ema else None
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
@@ -100,22 +115,23 @@ def train_pixelcnn(work: str, minutes: float, snapshots, lr: float = 1e-3, batch
     bf16 = resolve(precision, "cpu")[0] == "bf16"
     budget, marks, paths = minutes * 60, sorted(set(list(snapshots) + [minutes])), []
     elapsed, step, history = 0.0, 0, []
-    log(f"pixelcnn: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, {'bf16' if bf16 else 'fp32'}, "
-        f"{minutes} min, snapshots at {marks} min")
+    log(f"{KINDS[kind]}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, {'bf16' if bf16 else 'fp32'}, "
+        f"{minutes} min, snapshots at {marks} min" + (f", weights averaged (decay {ema})" if ema else ""))
     while marks:
         t0 = time.perf_counter()
         x = train[batch_indices(step, batch, len(train), seed)].long()
         for g in opt.param_groups:
             g["lr"] = lr_at(elapsed, step, budget, lr, warmup)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1))
+            loss = model(x, nll=True).float().mean()
         if not torch.isfinite(loss):
             raise RuntimeError(f"pixelcnn: loss {float(loss)} at step {step}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if average is not None:
+            average.update(step)
         step += 1
         elapsed += time.perf_counter() - t0
         history.append(float(loss.detach()) / math.log(2))
@@ -123,8 +139,10 @@ def train_pixelcnn(work: str, minutes: float, snapshots, lr: float = 1e-3, batch
             log(f"step {step} {elapsed / 60:.1f} min train bpd {np.mean(history[-100:]):.3f}")
         if elapsed >= marks[0] * 60:
             m = marks.pop(0)
-            path = os.path.join(work, f"pixelcnn_{m:g}min.pt")
-            torch.save({**model.state(), "step": step, "minutes": m, "train_seconds": elapsed}, path + ".tmp")
+            path = os.path.join(work, f"{'pixelcnnpp' if kind == 'pp' else 'pixelcnn'}_{m:g}min.pt")
+            with averaged(average):
+                torch.save({**model.state(), "step": step, "minutes": m, "train_seconds": elapsed, "kind": kind,
+                            "ema": ema}, path + ".tmp")
             os.replace(path + ".tmp", path)  # atomic: a snapshot is whole or absent
             paths.append(path)
             log(f"snapshot {path} at step {step}")
@@ -134,10 +152,8 @@ def train_pixelcnn(work: str, minutes: float, snapshots, lr: float = 1e-3, batch
 def load_pixelcnn(path: str):
     import torch
 
-    from pixelcnn import PixelCNNModel
-
     state = torch.load(path, map_location="cpu", weights_only=True)
-    return PixelCNNModel.from_state(state).eval(), state
+    return _pixelcnn_class(state.get("kind", "gated"))[1].from_state(state).eval(), state
 
 
 # -------------------------------------------------------------------------------------------- score
@@ -165,7 +181,7 @@ def score(args, argv=None) -> None:
         rows.append((name, model.config.attention, sum(p.numel() for p in model.parameters())))
     for path in sorted(args.pixelcnn_snapshots, key=lambda p: load_pixelcnn(p)[1]["minutes"]):
         model, state = load_pixelcnn(path)
-        name = f"Gated PixelCNN, {state['minutes']:g} min ({state['step']} steps)"
+        name = f"{KINDS[state.get('kind', 'gated')]}, {state['minutes']:g} min ({state['step']} steps)"
         per[name] = per_image_bits_per_dim(model, images, batch_size=64, progress=True)
         rows.append((name, "-", sum(p.numel() for p in model.parameters())))
     codecs = codec_bits(images)
@@ -329,7 +345,10 @@ def main(argv=None) -> None:
     sub = ap.add_subparsers(dest="part", required=True)
     c = sub.add_parser("codecs", help="bits per pixel of lossless codecs on the test images")
     c.add_argument("--limit", type=int, default=None)
-    p = sub.add_parser("pixelcnn", help="train the Gated PixelCNN for a time budget")
+    p = sub.add_parser("pixelcnn", help="train the Gated PixelCNN or the PixelCNN++ for a time budget")
+    p.add_argument("--kind", choices=sorted(KINDS), default="gated", help="gated: Gated PixelCNN; pp: PixelCNN++")
+    p.add_argument("--ema", type=float, default=None, help="Polyak averaging decay (default: 0.9995 for pp, none "
+                   "for gated, as their papers)")
     p.add_argument("--work", required=True)
     p.add_argument("--minutes", type=float, default=60)
     p.add_argument("--snapshots", default="15,30", help="comma-separated minutes")
@@ -356,7 +375,9 @@ def main(argv=None) -> None:
         for k, v in codec_bits(test_images(args.limit)).items():
             print(f"{k:40s} {v:.3f}")
     elif args.part == "pixelcnn":
-        train_pixelcnn(args.work, args.minutes, [float(m) for m in args.snapshots.split(",") if m], lr=args.lr)
+        ema = args.ema if args.ema is not None else (0.9995 if args.kind == "pp" else 0.0)
+        train_pixelcnn(args.work, args.minutes, [float(m) for m in args.snapshots.split(",") if m], lr=args.lr,
+                       kind=args.kind, ema=ema)
     elif args.part == "patterns":
         equal_time(args, argv, PATTERNS, "attention patterns")
     elif args.part == "levers":

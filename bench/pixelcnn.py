@@ -111,13 +111,18 @@ class PixelCNNModel(nn.Module):
         self.net = GatedPixelCNN(cfg)
         self.context = None
 
-    def forward(self, tokens: torch.Tensor, context=None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, context=None, nll: bool = False) -> torch.Tensor:
+        """Logits (B, N, vocab); with nll=True, -log p of each token (B, N) (training's loss)."""
         c = self.config
         b, n = tokens.shape
         if n != c.seq_len:  # the convolutions see the whole grid: pad a prefix, read its logits
             tokens = F.pad(tokens, (0, c.seq_len - n))
         logits = self.net(tokens.view(b, 1, c.height, c.width))
-        return logits.permute(0, 2, 3, 1).reshape(b, c.seq_len, c.vocab)[:, :n]
+        logits = logits.permute(0, 2, 3, 1).reshape(b, c.seq_len, c.vocab)[:, :n]
+        if not nll:
+            return logits
+        return F.cross_entropy(logits.float().reshape(-1, c.vocab), tokens[:, :n].reshape(-1),
+                               reduction="none").view(b, n)
 
     @torch.no_grad()
     def sample(self, num: int, seed: int = 0, temperature: float = 1.0) -> torch.Tensor:

@@ -122,3 +122,60 @@ def test_patterns_equal_time_table_reuses_scored_runs(tmp_path):
     fashion.main(argv)  # scored runs are read back, not trained again
     assert sorted(os.listdir(ckpt)) == before and [os.path.getmtime(ckpt / c) for c in before] == mtimes
     assert "attention patterns at equal CPU time" in (out / "fashion_patterns.md").read_text()
+
+
+# ------------------------------------------------------------------------------------- PixelCNN++
+def _tiny_pp(seed=0, **kw):
+    from pixelcnnpp import PixelCNNPPConfig, PixelCNNPPModel
+
+    torch.manual_seed(seed)
+    cfg = dict(height=8, width=8, filters=8, resnets=1, scales=3, mixture=2)
+    cfg.update(kw)
+    return PixelCNNPPModel(PixelCNNPPConfig(**cfg)).double()
+
+
+@pytest.mark.parametrize("scales", [1, 3])
+def test_pixelcnnpp_reads_only_earlier_pixels_and_has_no_blind_spot(scales):
+    m = _tiny_pp(scales=scales)
+    n, w = 64, 8
+    x = torch.randint(0, 256, (2, n))
+    base = m.params(x)
+    for t in range(n):
+        y = x.clone()
+        y[:, t] = (y[:, t] + 101) % 256
+        changed = (m.params(y) - base).abs().amax(dim=(0, 2)) > 0
+        assert not changed[: t + 1].any(), f"outputs at or before {t} read pixel {t}"
+        r, c = divmod(t, w)
+        if t + 1 < n and c + 1 < w:
+            assert changed[t + 1], f"the next pixel does not read pixel {t}"
+        if r + 1 < n // w:
+            assert changed[t + w] and (c + 1 == w or changed[t + w + 1]), f"blind spot below {t}"
+
+
+def test_pixelcnnpp_log_probs_and_its_loss_agree_and_bpd_code_scores_it():
+    m = _tiny_pp()
+    x = torch.randint(0, 256, (3, 64))
+    lp = m(x)
+    torch.testing.assert_close(lp.exp().sum(-1), torch.ones(3, 64, dtype=lp.dtype), rtol=0, atol=1e-5)
+    nll = m(x, nll=True)
+    torch.testing.assert_close(nll, -lp.gather(-1, x[..., None])[..., 0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(m(x[:, :20]), lp[:, :20])
+    per = per_image_bits_per_dim(m.float(), x.view(3, 1, 8, 8).to(torch.uint8), batch_size=2)
+    np.testing.assert_allclose(per, (nll.mean(1) / np.log(2)).detach().numpy(), rtol=1e-4)
+
+
+def test_pixelcnnpp_budget_with_an_average_snapshots_the_average(tmp_path):
+    from pixelcnnpp import PixelCNNPPConfig
+
+    rng = np.random.default_rng(0)
+    data = np.zeros((16, 1, 8, 8), np.uint8)
+    data[:, :, :, 4:] = 200 + rng.integers(0, 2, (16, 1, 8, 4))
+    cfg = PixelCNNPPConfig(height=8, width=8, filters=8, resnets=1, scales=2, mixture=2)
+    paths = fashion.train_pixelcnn(str(tmp_path), 0.02, [], data=data, cfg=cfg, lr=1e-2, log=lambda s: None,
+                                   warmup=1, precision="fp32", kind="pp", ema=0.9)
+    assert [os.path.basename(p) for p in paths] == ["pixelcnnpp_0.02min.pt"]
+    model, state = fashion.load_pixelcnn(paths[0])
+    assert state["kind"] == "pp" and state["ema"] == 0.9 and state["step"] > 1
+    assert type(model).__name__ == "PixelCNNPPModel"
+    assert per_image_bits_per_dim(model, data).mean() < 8.0
+    assert model.sample(2, seed=1).shape == (2, 1, 8, 8)
