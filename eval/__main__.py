@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = Parser(prog=PROG, description="Evaluate imggen models: bits/dim, inpainting, FID, atom-bond "
                                         "accuracy, and a full report of a run directory.")
     sub = ap.add_subparsers(dest="cmd", metavar="SUBCOMMAND", parser_class=Parser,
-                            help="bpd | inpaint | fid | atoms | molecules | report | brats (each has --help)")
+                            help="bpd | inpaint | fid | atoms | molecules | report | brats | realism (each has --help)")
     sub.required = True
     dev = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -154,6 +154,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="array axis across the SSIM planes: 0 (default) = the organisers' sagittal planes; 2 = "
                         "axial planes, for slabs thinner than the 11-voxel SSIM window")
     p.add_argument("--json", metavar="OUT", help="also write the full result (per-case values included) to this JSON file")
+
+    p = sub.add_parser("realism", help="how real grey 28x28 images look, with no download: Frechet distance in a "
+                                       "classifier's features, its confidence and class spread",
+                       description="Trains (once, cached) a small classifier on the labelled training split of "
+                                   "--data and scores each image set: Frechet distance of its features to half "
+                                   "the test split (real against real gives the floor row), mean confidence, "
+                                   "entropy of the predicted classes (imggen.eval.realism).")
+    p.add_argument("--images", nargs="*", default=[], metavar="SET", help=".npz/.npy/folders of uint8 28x28 images")
+    p.add_argument("--checkpoint", metavar="RUN", help="also score --num samples of this run")
+    p.add_argument("--num", type=positive_int, default=1000, help="samples of --checkpoint (default 1000)")
+    p.add_argument("--data", default="fashion-mnist", metavar="SPEC", help="fashion-mnist[:DIR] (default) or mnist:DIR")
+    p.add_argument("--seed", type=int, default=0, help="sampling, classifier and bootstrap seed (default 0)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="sampling batch (default 64)")
+    p.add_argument("--json", metavar="OUT", help="also write the scores to this JSON file")
+    add_threads_flag(p)
     return ap
 
 
@@ -312,7 +327,28 @@ def cmd_brats(a) -> int:
     return 1 if res["failed"] else 0
 
 
-COMMANDS = {"bpd": cmd_bpd, "inpaint": cmd_inpaint, "fid": cmd_fid, "atoms": cmd_atoms, "molecules": cmd_molecules,
+def cmd_realism(a) -> int:
+    from imggen.eval.realism import realism_for
+    from imggen.eval.run import load_images, load_run
+    from imggen.eval.runners import sample_images
+    if not a.images and not a.checkpoint:
+        raise ConfigError("realism needs --images SET [SET ...] and/or --checkpoint RUN")
+    sets = {path: load_images(path) for path in a.images}  # every file read before any training
+    run = load_run(a.checkpoint, "cpu") if a.checkpoint else None
+    score, _ = realism_for(a.data, a.seed, log=lambda m: print(m, file=sys.stderr))
+    if run is not None:
+        sets[f"{a.checkpoint} ({a.num} samples)"] = sample_images(run, a.num, seed=a.seed, batch_size=a.batch_size)[0]
+    res = {name: score.score(imgs, seed=a.seed) for name, imgs in sets.items()}
+    for n in sorted({r["n"] for r in res.values()}):
+        res[f"test images, real ({n})"] = score.floor(n)
+    for name, r in res.items():
+        print(f"{name}: Frechet {r['frechet']:.2f} ({r['frechet_ci95'][0]:.2f}-{r['frechet_ci95'][1]:.2f}), "
+              f"confidence {r['confidence']:.3f}, class entropy {r['class_entropy']:.2f} bits, n {r['n']}")
+    _write(res, a.json)
+    return 0
+
+
+COMMANDS = {"realism": cmd_realism, "bpd": cmd_bpd, "inpaint": cmd_inpaint, "fid": cmd_fid, "atoms": cmd_atoms, "molecules": cmd_molecules,
             "report": cmd_report, "brats": cmd_brats}
 
 
