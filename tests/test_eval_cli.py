@@ -180,7 +180,7 @@ def test_module_entry_point_unknown_subcommand():
 def test_every_flag_has_help():
     ap = build_parser()
     subs = [a for a in ap._actions if isinstance(a, argparse._SubParsersAction)][0]
-    assert set(subs.choices) == {"bpd", "inpaint", "fid", "atoms", "molecules", "report", "brats"}
+    assert set(subs.choices) == {"bpd", "inpaint", "fid", "atoms", "molecules", "report", "brats", "realism"}
     for name, p in subs.choices.items():
         for action in p._actions:
             assert action.help, f"{name} {action.option_strings} has no help"
