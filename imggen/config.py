@@ -55,7 +55,11 @@ class _ModelCore:
     context: str = "none"            # "unet": an inpainting model that sees the voided image (imggen.inpainting.context)
     context_width: int = 64          # channels of the context encoder
     context_slices: int = 0          # 2.5-D context: s neighbouring slices on each side (volume data, unet)
-    context_fill: str = "none"       # "biharmonic"(3d): the context also carries the hole's classic fill (unet)
+    context_fill: str = "none"       # "biharmonic"(3d): the context also carries the hole's classic fill (unet);
+    #                                  "regress": a frozen hole regressor's fill (--train.regressor), carried by the model
+    regress_width: int = 64          # context_fill regress: the regressor's settings (taken from its file)
+    regress_hidden: int = 64
+    regress_fill: str = "none"
 
     @property
     def seq_len(self) -> int:
@@ -78,7 +82,7 @@ class _ModelCore:
             raise ConfigError(f"model.dim ({self.dim}) must be divisible by model.heads ({self.heads})")
         _at_least("model", self, 1, height=1, width=1, layers=1, heads=1, dim=1)
         _at_most("model", self, height=8192, width=8192, layers=1024, heads=1024, dim=16384,
-                 context_width=4096, mlp_ratio=64)
+                 context_width=4096, mlp_ratio=64, regress_width=4096, regress_hidden=4096)
         if self.seq_len > 2 ** 24:
             raise ConfigError(f"model.height * width * channels must be at most {2 ** 24} tokens, got "
                               f"{self.height} * {self.width} * {self.channels} = {self.seq_len}")
@@ -102,6 +106,13 @@ class _ModelCore:
         if self.context_fill != "none" and self.context != "unet":
             raise ConfigError(f"model.context_fill {self.context_fill!r} (a classic fill of the hole as context) needs "
                               f"model.context unet (--task inpaint), got {self.context!r}")
+        if self.context_fill == "regress" and self.context_slices:
+            raise ConfigError("model.context_fill regress (a regressor's fill of the hole) works on single images; "
+                              f"it cannot be combined with model.context_slices {self.context_slices}")
+        _at_least("model", self, 1, regress_width=1, regress_hidden=1)
+        if self.regress_fill not in ("none", "biharmonic"):
+            raise ConfigError(f"model.regress_fill (the regressor's own context) must be none or biharmonic, got "
+                              f"{self.regress_fill!r}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"model.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         self.patterns()  # raises on bad pattern parameters
@@ -157,6 +168,7 @@ class TrainConfig:
     augment: bool = False           # a random warp + gamma per training image (imggen.augment)
     precision: str = "auto"         # auto | fp32 | bf16: bf16 autocast of the forward (imggen.precision)
     ema: float = 0.0                # > 0: the run's model is this moving average of the weights (imggen.training.average)
+    regressor: str = ""             # model.context_fill regress: the hole regressor (regress.pt) the model starts from
 
     def validate(self) -> "TrainConfig":
         _at_least("train", self, 1, steps=1, batch_size=1, eval_every=1, eval_images=1, sample_num=1,

@@ -17,6 +17,7 @@ import torch.utils.checkpoint
 
 from imggen.config import ModelConfig
 from imggen.inpainting.context import ContextEncoder, context_channels, make_context
+from imggen.inpainting.regress import HoleRegressor, pixel_values
 from imggen.errors import ShapeError
 from imggen.fused import ln_linear, ln_mlp
 from imggen import mixture
@@ -110,6 +111,10 @@ class ImageTransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, p) for p in self.patterns)
         self.context = None if cfg.context == "none" else ContextEncoder(
             cfg.channels, cfg.height, cfg.width, cfg.context_width, d, cfg.context_slices, cfg.context_fill)
+        self.regressor = None  # model.context_fill regress: the frozen regressor whose fill is a context channel
+        if cfg.context_fill == "regress":
+            self.regressor = HoleRegressor(cfg.channels, cfg.height, cfg.width, cfg.regress_width,
+                                           cfg.regress_hidden, cfg.regress_fill).requires_grad_(False)
         self.ln_f = nn.LayerNorm(d)
         self.head = nn.Linear(d, mixture.head_width(cfg.mixture, cfg.vocab), bias=False)
         self.apply(self._init)
@@ -149,11 +154,18 @@ class ImageTransformer(nn.Module):
         """uint8 images (B, C, H, W) and bool masks (B, H, W) (True = unknown) -> the context tensor (a
         2.5-D model, model.context_slices = s: the slices z-s..z+s, (B, 2s+1, C, H, W) and (B, 2s+1, H, W)).
         `fills` (float (B, C, H, W), 0..255, NaN: none): the holes' classic fills, for models with a
-        context_fill (default: the 2-D biharmonic fill of each image)."""
+        context_fill (default: the 2-D biharmonic fill of each image; context_fill regress: the fill of the
+        model's regressor)."""
         if self.context is None:
             raise ShapeError("this model was trained without a context (model.context = 'none'); inpaint with "
                              "imggen.inpaint(model, image, mask) or train one with --task inpaint")
         cfg = self.config
+        if self.regressor is not None:
+            made = pixel_values(self.regressor, images, masks)
+            if fills is not None:  # a given fill wins; its NaN rows get the regressor's
+                fills = torch.as_tensor(fills).float().reshape(made.shape)
+                made = torch.where(torch.isnan(fills), made, fills)
+            fills = made
         return make_context(images, masks, cfg.shape, cfg.context_slices, cfg.context_fill,
                             fills).to(self.start.device)
 

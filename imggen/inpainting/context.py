@@ -11,7 +11,10 @@ causal because the context depends on the known pixels only.
 
 With `fill` = "biharmonic" (model.context_fill) the context also carries each voided image's classic
 fill (biharmonic inpainting, imggen.classic; C more channels per slice): the encoder starts from the
-smooth, boundary-continuous guess a user would otherwise take and learns what to add to it.
+smooth, boundary-continuous guess a user would otherwise take and learns what to add to it. With
+"regress" that channel is a hole regressor's one-pass fill instead (imggen.inpainting.regress; the
+model carries the frozen regressor and makes it, ImageTransformer.make_context): the model then
+learns what the regression misses.
 
 `random_masks` draws training masks: lesion-like blobs, rectangles and brush strokes of varying
 size (the data's own masks are used too where it has them, see imggen.training).
@@ -30,8 +33,9 @@ from imggen.errors import ShapeError
 CONTEXTS = ("none", "unet")
 # model.context_fill: a classic fill of the hole as more context channels: "biharmonic" the 2-D fill of
 # each image; "biharmonic3d" the same channel, trained with the 3-D fills of volume data (brats-demo) and
-# given the volume's 3-D fill by sample.py --brats (imggen.volumes); a lone 2-D image gets its 2-D fill
-FILLS = ("none", "biharmonic", "biharmonic3d")
+# given the volume's 3-D fill by sample.py --brats (imggen.volumes); a lone 2-D image gets its 2-D fill;
+# "regress" the fill of a frozen hole regressor inside the model (given here as `fills`)
+FILLS = ("none", "biharmonic", "biharmonic3d", "regress")
 MAX_CONTEXT_SLICES = 8  # model.context_slices: neighbouring slices on each side of a 2.5-D context
 
 
@@ -74,6 +78,9 @@ def _channels(images: torch.Tensor, masks: torch.Tensor, fill: str = "none", fil
     scaled = images.float() / 127.5 - 1.0
     known = scaled.masked_fill(masks[:, None], 0.0)
     extra = []
+    if fill == "regress" and fills is None:
+        raise ShapeError("a regression-fill context (model.context_fill regress) is made by its model, which "
+                         "carries the regressor: use model.make_context(images, masks)")
     if fill != "none" and fills is not None:  # given classic fills of the holes (a volume's 3-D fill)
         given = torch.as_tensor(fills).float().reshape(images.shape)
         missing = torch.isnan(given).flatten(1).any(1)  # an image without one: its 2-D fill

@@ -15,6 +15,7 @@ keep the weights with the settings that built them.
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import numpy as np
@@ -62,6 +63,15 @@ def hole_loss(pred: torch.Tensor, images: torch.Tensor, masks: torch.Tensor, los
 
 
 @torch.no_grad()
+def pixel_values(model: HoleRegressor, images, masks) -> torch.Tensor:
+    """uint8 images (B, C, H, W) (CPU) + bool masks (B, H, W) -> float (B, C, H, W) on the CPU: every
+    pixel's prediction in 0..255, rounded (run on the regressor's device, in the caller's autocast)."""
+    device = next(model.parameters()).device
+    p = model(model.context(images, masks).to(device)).float()
+    return torch.clamp(torch.round((p + 1.0) * 127.5), 0, 255).cpu()
+
+
+@torch.no_grad()
 def predict(model: HoleRegressor, images, masks, batch_size: int = 64) -> np.ndarray:
     """uint8 images (B, C, H, W) + bool masks (B, H, W) -> uint8 (B, C, H, W): the known pixels as
     given, the hole pixels predicted (rounded, clipped to 0..255)."""
@@ -70,8 +80,7 @@ def predict(model: HoleRegressor, images, masks, batch_size: int = 64) -> np.nda
     out = images.clone()
     for i in range(0, len(images), batch_size):
         x, m = images[i:i + batch_size], masks[i:i + batch_size]
-        p = model(model.context(x, m))
-        p = torch.clamp(torch.round((p + 1.0) * 127.5), 0, 255).to(torch.uint8)
+        p = pixel_values(model, x, m).to(torch.uint8)
         mm = m[:, None].expand_as(x)
         out[i:i + batch_size][mm] = p[mm]
     return out.numpy()
@@ -143,3 +152,29 @@ def load(path) -> tuple[HoleRegressor, dict]:
         raise CheckpointError(f"{path}: not a hole-regressor checkpoint ({type(e).__name__}: {e}); train one with "
                               f"bench/train_regress.py") from None
     return model.eval(), blob.get("info", {})
+
+
+def load_for(path: str, shape: tuple[int, int, int]) -> HoleRegressor:
+    """The regressor at `path` for a context model of image shape (C, H, W) (model.context_fill regress,
+    --train.regressor): ConfigError when none is named or it was trained for other images,
+    CheckpointError when the file is missing or not a regressor."""
+    if not path:
+        raise ConfigError("model.context_fill regress needs the regressor whose fill it learns from: pass "
+                          "--train.regressor PATH (a regress.pt of bench/train_regress.py)")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"--train.regressor {path}: no such file; train one with bench/train_regress.py")
+    model, _ = load(path)
+    if model.shape != tuple(shape):
+        c, h, w = model.shape
+        raise ConfigError(f"--train.regressor {path} fills {c}-channel {h}x{w} images, but this model's are "
+                          f"{shape[0]}-channel {shape[1]}x{shape[2]}; train a regressor at the model's size")
+    return model
+
+
+def adopt(model_cfg, path: str) -> HoleRegressor:
+    """load_for(path) for a ModelConfig with context_fill regress, its regress_* settings set from the file
+    (the checkpoint then builds the same regressor and carries its weights)."""
+    model = load_for(path, model_cfg.shape)
+    model_cfg.regress_width, model_cfg.regress_hidden = model.settings["width_features"], model.settings["hidden"]
+    model_cfg.regress_fill = model.settings["fill"]
+    return model

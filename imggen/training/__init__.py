@@ -31,6 +31,7 @@ from imggen.augment import augment_tokens
 from imggen.config import Config
 from imggen.errors import CheckpointError, ConfigError, DataError, Interrupted, StorageError, TrainingError, WorkerLost
 from imggen.inpainting.tasks import TASKS
+from imggen.inpainting.regress import adopt as adopt_regressor
 from imggen.model import ImageTransformer
 from imggen.precision import autocast, describe, resolve
 from imggen.storage import atomic_write_text
@@ -53,14 +54,18 @@ def lr_at(step: int, cfg) -> float:
     return t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def build_model_and_optimizer(cfg: Config, device):
-    """The seeded model and its AdamW (weight decay on matrices only), as training starts them."""
+def build_model_and_optimizer(cfg: Config, device, regressor=None):
+    """The seeded model and its AdamW (weight decay on matrices only), as training starts them; a
+    model.context_fill regress model gets `regressor`'s weights (frozen: not in the optimizer)."""
     t = cfg.train
     torch.manual_seed(t.seed)
     model = ImageTransformer(cfg.model).to(device)
+    if regressor is not None:
+        model.regressor.load_state_dict(regressor.state_dict())
     model.checkpointing = t.activation_checkpointing
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.dim() >= 2]
+    no_decay = [p for p in trained if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=t.lr, betas=(0.9, 0.95))
     return model, opt
@@ -165,8 +170,12 @@ def setup(cfg: Config, out: str, resume: bool, overwrite: bool, device: str | No
     if found and not (resume or overwrite):
         raise CheckpointError(f"{out} already holds a checkpoint; pass --resume to continue it or "
                               f"--overwrite to start again (or choose another --out)")
+    regressor = None
     if resume:
         saved = ck.read_config(found)
+        if cfg.model.context_fill == saved.model.context_fill == "regress":  # the regressor's, from its file
+            for f in ("regress_width", "regress_hidden", "regress_fill"):
+                setattr(cfg.model, f, getattr(saved.model, f))
         diff = ck.config_diff(saved, cfg) + ck.config_diff(saved, cfg, "data")
         if saved.train.precision != cfg.train.precision:  # a property of the run, as the model is
             diff.append(f"train.precision: checkpoint {saved.train.precision!r} vs requested {cfg.train.precision!r}")
@@ -178,7 +187,9 @@ def setup(cfg: Config, out: str, resume: bool, overwrite: bool, device: str | No
         if was and was != now and rank == 0:  # `auto` on another machine
             print(f"note: {out} trained in {was} so far and continues in {now} here (--train.precision "
                   f"{cfg.train.precision}); the continuation is not bit-exact")
-    model, opt = build_model_and_optimizer(cfg, device)
+    elif cfg.model.context_fill == "regress":
+        regressor = adopt_regressor(cfg.model, cfg.train.regressor)
+    model, opt = build_model_and_optimizer(cfg, device, regressor)
     run = Run(cfg, out, device, rank, world, model, opt, {})
     run.average = WeightAverage(model, cfg.train.ema) if cfg.train.ema else None
     if resume:
