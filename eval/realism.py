@@ -5,8 +5,8 @@ samples look. So this module trains (once, from a seed, cached) a small CNN on t
 of a labelled data set (Fashion-MNIST or MNIST: the labels are in its idx files) and reports, for a
 set of images:
 - `frechet`: the Frechet distance between the Gaussians of the classifier's 128-d penultimate
-  features of the images and of the first half of the test split (with a 95% bootstrap interval
-  over the images: the reference half stays fixed);
+  features of the images and of the first half of the test split (with a 95% interval from a
+  bootstrap over the images, the estimate +- 1.96 standard deviations: the reference half stays fixed);
 - `floor`: the same distance for the second half of the test split, real against real: what a set
   of that size scores when it is drawn from the data itself;
 - `confidence`: the mean top-class probability; `class_entropy`: the entropy (bits) of the
@@ -74,7 +74,7 @@ def train_classifier(images: np.ndarray, labels: np.ndarray, seed: int = 0, epoc
             loss.backward()
             opt.step()
         if log:
-            log(f"realism classifier: epoch {epoch + 1}/{epochs}, last batch loss {float(loss):.3f}")
+            log(f"realism classifier: epoch {epoch + 1}/{epochs}, last batch loss {float(loss.detach()):.3f}")
     return model.eval()
 
 
@@ -160,8 +160,11 @@ class RealismScore:
         boot = [frechet(f[rng.integers(0, len(f), len(f))], self.ref) for _ in range(resamples)]
         counts = np.bincount(p.argmax(1), minlength=p.shape[1]) / len(p)
         nz = counts[counts > 0]
-        out = {"n": int(len(images)), "frechet": frechet(f, self.ref),
-               "frechet_ci95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
+        # a resample repeats images, which biases the distance upward (its percentiles can miss the
+        # estimate itself): the interval is the estimate +- 1.96 bootstrap standard deviations, at least 0
+        est, sd = frechet(f, self.ref), float(np.std(boot, ddof=1))
+        out = {"n": int(len(images)), "frechet": est,
+               "frechet_ci95": [max(0.0, est - 1.96 * sd), est + 1.96 * sd],
                "confidence": float(p.max(1).mean()), "class_entropy": float(-(nz * np.log2(nz)).sum())}
         if labels is not None:
             out["accuracy"] = float((p.argmax(1) == np.asarray(labels)).mean())
