@@ -22,17 +22,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-@dataclass
-class PixelCNNConfig:
-    height: int = 28
-    width: int = 28
-    channels: int = 1
-    bits: int = 8
-    filters: int = 64       # p: channels of each stack
-    layers: int = 12        # gated layers
-    kernel: int = 5         # odd
-    head: int = 256         # hidden channels of the output head
-
+class ImageSize:
+    """vocab, shape and seq_len of a config with height, width, channels and bits (both PixelCNNs)."""
     @property
     def vocab(self) -> int:
         return 2 ** self.bits
@@ -44,6 +35,18 @@ class PixelCNNConfig:
     @property
     def seq_len(self) -> int:
         return self.height * self.width * self.channels
+
+
+@dataclass
+class PixelCNNConfig(ImageSize):
+    height: int = 28
+    width: int = 28
+    channels: int = 1
+    bits: int = 8
+    filters: int = 64       # p: channels of each stack
+    layers: int = 12        # gated layers
+    kernel: int = 5         # odd
+    head: int = 256         # hidden channels of the output head
 
 
 def down_shift(x: torch.Tensor) -> torch.Tensor:

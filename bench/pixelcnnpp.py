@@ -28,11 +28,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from imggen import mixture
-from pixelcnn import down_shift, right_shift
+from pixelcnn import ImageSize, down_shift, right_shift
 
 
 @dataclass
-class PixelCNNPPConfig:
+class PixelCNNPPConfig(ImageSize):
     height: int = 28
     width: int = 28
     channels: int = 1
@@ -42,18 +42,6 @@ class PixelCNNPPConfig:
     scales: int = 3         # resolutions (each halves height and width)
     mixture: int = 10       # logistic components
     dropout: float = 0.0    # the paper: 0.5 on CIFAR-10, whose models overfit; this budget does not
-
-    @property
-    def vocab(self) -> int:
-        return 2 ** self.bits
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return (self.channels, self.height, self.width)
-
-    @property
-    def seq_len(self) -> int:
-        return self.height * self.width * self.channels
 
 
 def concat_elu(x: torch.Tensor) -> torch.Tensor:
