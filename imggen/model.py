@@ -160,12 +160,14 @@ class ImageTransformer(nn.Module):
             raise ShapeError("this model was trained without a context (model.context = 'none'); inpaint with "
                              "imggen.inpaint(model, image, mask) or train one with --task inpaint")
         cfg = self.config
-        if self.regressor is not None:
-            made = pixel_values(self.regressor, images, masks)
-            if fills is not None:  # a given fill wins; its NaN rows get the regressor's
-                fills = torch.as_tensor(fills).float().reshape(made.shape)
-                made = torch.where(torch.isnan(fills), made, fills)
-            fills = made
+        if self.regressor is not None:  # a given fill wins; the regressor fills the images without one
+            images, masks = torch.as_tensor(images), torch.as_tensor(masks).bool()
+            fills = (torch.full(images.shape, float("nan")) if fills is None
+                     else torch.as_tensor(fills).float().reshape(images.shape).clone())
+            missing = torch.isnan(fills).flatten(1).any(1)
+            if missing.any():
+                made = pixel_values(self.regressor, images[missing], masks[missing])
+                fills[missing] = torch.where(torch.isnan(fills[missing]), made, fills[missing])
         return make_context(images, masks, cfg.shape, cfg.context_slices, cfg.context_fill,
                             fills).to(self.start.device)
 

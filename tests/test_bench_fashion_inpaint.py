@@ -53,10 +53,11 @@ def test_biharmonic_keeps_known_pixels_and_fills_smoothly():
     assert np.abs(f.astype(int) - imgs).max() <= 1  # a linear ramp is biharmonic: filled exactly
 
 
-def test_fashion_inpaint_end_to_end_on_tiny_models(tmp_path):
+def test_fashion_inpaint_end_to_end_on_tiny_models(tmp_path, monkeypatch):
     from test_idx import write_idx
 
-    write_idx(tmp_path / "d", np.random.default_rng(3), n_train=24, n_test=6)
+    monkeypatch.setenv("IMGGEN_CACHE_DIR", str(tmp_path / "cache"))  # the realism classifier
+    write_idx(tmp_path / "d", np.random.default_rng(3), n_train=24, n_test=12)
     spec = f"fashion-mnist:{tmp_path / 'd'}"
     run = tmp_path / "ctx"
     assert train_main(["--preset", "fashion-inpaint", "--data", spec, "--steps", "2", "--model.layers", "1",
@@ -68,18 +69,31 @@ def test_fashion_inpaint_end_to_end_on_tiny_models(tmp_path):
                                "--precision", "fp32", "--out", str(tmp_path / "reg"), "--threads", "1"]) == 0
     out = tmp_path / "out"
     assert fi.main(["--context", str(run), "--regress", str(tmp_path / "reg" / "regress.pt"), "--data", spec,
-                    "--num", "4", "--samples", "2", "--out", str(out)]) == 0
+                    "--num", "4", "--samples", "3", "--means", "2", "3", "--realism", "--out", str(out)]) == 0
     data = json.loads((out / "fashion_inpaint.json").read_text())
-    assert list(data["methods"]) == ["biharmonic 2-D", "regression (one pass), 2 steps, 0 min",
-                                     "context model, 1 sample", "context model, mean of 2"]
+    reg = "regression (one pass), 2 steps, 0 min"
+    assert list(data["methods"]) == ["biharmonic 2-D", reg, "context model, 1 sample", "context model, mean of 2",
+                                     "context model, mean of 3"]
     for name, m in data["methods"].items():
         assert len(m["psnr"]) == 4 and all(np.isfinite(m["psnr"]))
         assert (m["vs_biharmonic_psnr"] is None) == (name == "biharmonic 2-D")
     assert all(0.25 <= c <= 0.45 for c in data["hole_cover"])
     from PIL import Image
-    assert Image.open(out / "fashion_inpaint_grid.png").size == (5 * 30 * 4, 4 * 30 * 4)
+    assert Image.open(out / "fashion_inpaint_grid.png").size == (6 * 30 * 4, 4 * 30 * 4)  # with the regression
     md = (out / "fashion_inpaint.md").read_text()
-    assert "holes over 25-45% of the garment" in md and "context model, mean of 2 - regression (one pass)" in md
-    vs = data["methods"]["context model, mean of 2"]["vs regression (one pass), 2 steps, 0 min"]
-    assert set(vs) == {"psnr", "ssim"} and vs["psnr"]["ci95"][0] <= vs["psnr"]["mean"] <= vs["psnr"]["ci95"][1]
+    assert "holes over 25-45% of the garment" in md and "context model, mean of 3 - regression (one pass)" in md
+    for k in (2, 3):
+        vs = data["methods"][f"context model, mean of {k}"][f"vs {reg}"]
+        assert set(vs) == {"psnr", "ssim"} and vs["psnr"]["ci95"][0] <= vs["psnr"]["mean"] <= vs["psnr"]["ci95"][1]
+    # realism: every fill and the truth, scored against test images 4-7 (not the 4 scored ones)
+    assert data["realism_reference"] == [4, 8]
+    assert list(data["realism"]) == [*data["methods"], "truth"]
+    for name, r in data["realism"].items():
+        assert r["n"] == 4 and 0 <= r["accuracy"] <= 1 and r["frechet_ci95"][0] <= r["frechet"] <= r["frechet_ci95"][1]
+    assert data["realism"]["truth"]["sharpness"] == 1.0
+    one = "context model, 1 sample"
+    assert set(data["realism_paired"]) == {f"{one} - {k}" for k in data["realism"] if k != one}
+    d = data["realism_paired"][f"{one} - truth"]
+    assert np.isclose(d["mean"], data["realism"][one]["frechet"] - data["realism"]["truth"]["frechet"])
+    assert "Realism of the 4 filled images" in md and "test images 4-7" in md
 

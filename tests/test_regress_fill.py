@@ -78,6 +78,14 @@ def test_the_channel_is_the_regressors_fill(tmp_path, regress_fill):
     ctx2 = m.make_context(images, masks, given)
     assert torch.equal(ctx2[0], ctx[0]) and torch.equal(ctx2[2], ctx[2])
     assert torch.allclose(ctx2[1, 1][masks[1]], torch.tensor(7.0 / 127.5 - 1.0))
+    seen = []  # the regressor runs on the rows without a given fill only, and not at all when all are given
+    hook = m.regressor.register_forward_hook(lambda mod, inp, out: seen.append(len(out)))
+    m.make_context(images, masks, given)
+    m.make_context(images, masks, torch.full((3, 1, H, W), 9.0))
+    hook.remove()
+    assert seen == [2]
+    with pytest.raises(ShapeError, match="needs a fill for every image"):  # only the model can fill NaN rows
+        make_context(images, masks, (1, H, W), fill="regress", fills=given)
     with torch.no_grad():  # cached decode equals the full forward with the regression channel
         tokens = torch.randint(0, 256, (3, cfg.seq_len))
         assert torch.allclose(teacher_force(m, tokens, context=ctx), m(tokens, context=ctx), atol=1e-4)

@@ -85,6 +85,9 @@ def _channels(images: torch.Tensor, masks: torch.Tensor, fill: str = "none", fil
         given = torch.as_tensor(fills).float().reshape(images.shape)
         missing = torch.isnan(given).flatten(1).any(1)  # an image without one: its 2-D fill
         classic = torch.where(masks[:, None], given.clamp(0, 255) / 127.5 - 1.0, scaled)
+        if missing.any() and fill == "regress":  # only the model can fill them (make_context does)
+            raise ShapeError("a regression-fill context needs a fill for every image (NaN rows given): use "
+                             "model.make_context(images, masks, fills), which runs the model's regressor on them")
         if missing.any():
             classic[missing] = classic_fill(images[missing], masks[missing])
         extra = [classic]
