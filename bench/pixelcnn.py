@@ -22,8 +22,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+@dataclass
 class ImageSize:
-    """vocab, shape and seq_len of a config with height, width, channels and bits (both PixelCNNs)."""
+    """The image fields of both PixelCNNs' configs, and their vocab, shape and seq_len."""
+    height: int = 28
+    width: int = 28
+    channels: int = 1
+    bits: int = 8
+
     @property
     def vocab(self) -> int:
         return 2 ** self.bits
@@ -39,10 +45,6 @@ class ImageSize:
 
 @dataclass
 class PixelCNNConfig(ImageSize):
-    height: int = 28
-    width: int = 28
-    channels: int = 1
-    bits: int = 8
     filters: int = 64       # p: channels of each stack
     layers: int = 12        # gated layers
     kernel: int = 5         # odd

@@ -33,10 +33,6 @@ from pixelcnn import ImageSize, down_shift, right_shift
 
 @dataclass
 class PixelCNNPPConfig(ImageSize):
-    height: int = 28
-    width: int = 28
-    channels: int = 1
-    bits: int = 8
     filters: int = 64       # the paper: 160 (a GPU's week for CIFAR-10)
     resnets: int = 2        # gated ResNet blocks per resolution (the paper: 5)
     scales: int = 3         # resolutions (each halves height and width)
