@@ -104,9 +104,10 @@ def fill_realism(fills: dict, truth: np.ndarray, masks: np.ndarray, data: str, p
     base, test = realism_for(data, seed)
     score = RealismScore(base.model, test["images"][len(truth):])
     labels = test["labels"][: len(truth)]
-    rows = {k: {**score.score(v, labels, resamples, seed), "sharpness": sharpness(v, truth, masks)}
+    both = {k: features(base.model, v) for k, v in fills.items()}  # (features, class probabilities), once a set
+    rows = {k: {**score.score_features(*both[k], labels, resamples, seed), "sharpness": sharpness(v, truth, masks)}
             for k, v in fills.items()}
-    feats = {k: features(base.model, v)[0] for k, v in fills.items()}
+    feats = {k: f for k, (f, _) in both.items()}
     rng, diffs = np.random.default_rng(seed), {}
     idx = [rng.integers(0, len(truth), len(truth)) for _ in range(resamples)]
     for a, b in pairs:  # one set of resamples for every pair: the difference's spread, not each one's

@@ -150,12 +150,14 @@ class RealismScore:
         self.floor_set = test[half:2 * half]
 
     def score(self, images: np.ndarray, labels=None, resamples: int = 200, seed: int = 0) -> dict:
-        images = _check(images, "images")
-        if len(images) < 2:
-            raise ShapeError(f"the realism score needs at least 2 images, got {len(images)}")
-        if labels is not None and np.shape(labels) != (len(images),):
-            raise ShapeError(f"labels must be one class per image ({len(images)}), got shape {np.shape(labels)}")
-        f, p = features(self.model, images)
+        return self.score_features(*features(self.model, _check(images, "images")), labels, resamples, seed)
+
+    def score_features(self, f: np.ndarray, p: np.ndarray, labels=None, resamples: int = 200, seed: int = 0) -> dict:
+        """`score` of images whose `features` (f, p) are already computed."""
+        if len(f) < 2:
+            raise ShapeError(f"the realism score needs at least 2 images, got {len(f)}")
+        if labels is not None and np.shape(labels) != (len(f),):
+            raise ShapeError(f"labels must be one class per image ({len(f)}), got shape {np.shape(labels)}")
         rng = np.random.default_rng(seed)
         boot = [frechet(f[rng.integers(0, len(f), len(f))], self.ref) for _ in range(resamples)]
         counts = np.bincount(p.argmax(1), minlength=p.shape[1]) / len(p)
@@ -163,7 +165,7 @@ class RealismScore:
         # a resample repeats images, which biases the distance upward (its percentiles can miss the
         # estimate itself): the interval is the estimate +- 1.96 bootstrap standard deviations, at least 0
         est, sd = frechet(f, self.ref), float(np.std(boot, ddof=1))
-        out = {"n": int(len(images)), "frechet": est,
+        out = {"n": int(len(f)), "frechet": est,
                "frechet_ci95": [max(0.0, est - 1.96 * sd), est + 1.96 * sd],
                "confidence": float(p.max(1).mean()), "class_entropy": float(-(nz * np.log2(nz)).sum())}
         if labels is not None:

@@ -61,6 +61,10 @@ def test_real_images_score_near_the_floor_and_noise_far_above(scored):
     assert one_class["class_entropy"] == 0.0 and one_class["frechet"] > floor["frechet"]
     lo, hi = real["frechet_ci95"]
     assert 0 <= lo < real["frechet"] < hi
+    f, p = realism.features(score.model, test["images"][100:])  # precomputed features score the same
+    assert score.score_features(f, p, test["labels"][100:]) == real
+    with pytest.raises(ShapeError, match="one class per image"):
+        score.score_features(f, p, test["labels"][:3])
 
 
 def test_the_classifier_is_cached_and_reproducible(scored):
