@@ -2,7 +2,8 @@
 by the organisers' metrics on 240x240x155 volumes at 1 mm.
 
     python bench/brats_native.py --checkpoint RUN [--split test] [--cases 8] [--samples 8]
-        [--variants [NAME ...]] [--work runs/brats_native] [--out bench/results] [--stem brats_native]
+        [--variants [NAME ...]] [--compare RUN ...] [--work runs/brats_native] [--out bench/results]
+        [--stem brats_native]
 
 Cases (`make_cases`): the MNI152 (ICBM 2009a symmetric) T1 template that nilearn's wheel carries
 (1 mm, read from the file, no download), padded to the challenge's 240x240x155 grid, one case folder
@@ -26,7 +27,13 @@ Methods, each writing PRED/<method>/<case>-t1n-inference.nii.gz:
 * `--variants [unsmoothed replace slice]`: other fills of imggen.volume_fill.fill_volume through Python:
   the unsmoothed full correction (the default before), the model's fill upsampled in place of the
   hole (method "replace", the fill before that), and the correction with the slice's 2-D fill as
-  the model's classic-fill channel (channel "slice").
+  the model's classic-fill channel (channel "slice");
+* `--compare RUN ...`: other models through the same README command (row "imggen, NAME"), each paired
+  with RUN's fill per case and per hole slice (e.g. the regression-channel model against the README's);
+* the regression alone, for a model with a regression channel (model.context_fill regress, issue 55):
+  the model's own regressor fills each hole slice once, scored through the same pipeline: its
+  correction of the clipped 3-D fill at full weight (smoothed 2 mm across slices, tapered at the
+  edge, as imggen's), and its fill upsampled in place of the hole. imggen is paired with both.
 
 Scores: `python -m imggen.eval brats` (imggen.eval.brats_eval.evaluate: SSIM on the organisers'
 sagittal planes, PSNR with data range 1, inside -mask-healthy, intensities by the voided input's
@@ -159,6 +166,11 @@ VARIANTS = (  # --variants: (key, row, folder, fill_volume options)
     ("slice", "imggen, 2-D fill channel", "slice", dict(channel="slice")))
 
 
+REGRESSION = (  # a context_fill regress model's regressor alone: (row, folder, fill_volume options)
+    ("regression alone, full correction", "regress", dict(source="regressor", weight=1.0)),
+    ("regression alone, fill replaced", "regress-replace", dict(source="regressor", method="replace")))
+
+
 def python_fill(model, cases_dir: Path, pred: Path, samples: int, **kw) -> list[float]:
     """imggen.volumes.inpaint_case of every case with fill_volume options `kw`; seconds per case."""
     from imggen.volumes import find_cases, inpaint_case
@@ -236,14 +248,17 @@ def _diff_cells(pr: dict) -> list[str]:
             _d(pr["per_slice"]["ssim"])]
 
 
-def report(res: dict, secs: dict, cases: list[dict], args, budget: str) -> tuple[str, dict]:
+def report(res: dict, secs: dict, cases: list[dict], args, budget: str,
+           contrasts: list[tuple[str, str]] = ()) -> tuple[str, dict]:
+    """The tables: every method against 3-D biharmonic, each imggen fill against the clipped 3-D fill (the
+    model's part) and each (a, b) of `contrasts` as a - b."""
     base = res[BASELINE]
     rows, pairs, model_rows = [], {}, []
     for name, r in res.items():
         pairs[name] = pairs_to(r, base)
         rows.append([name, r["mean"]["psnr"], r["mean"]["ssim"],
                      *(["-"] * 4 if name == BASELINE else _diff_cells(pairs[name])), float(np.mean(secs[name]))])
-        if name.startswith("imggen") and CLIPPED in res:  # the model's part: against the same fill without it
+        if name.startswith(("imggen", "regression")) and CLIPPED in res:  # the part over the same fill without it
             pairs[name]["vs_clipped"] = pairs_to(r, res[CLIPPED])
             model_rows.append([name, *_diff_cells(pairs[name]["vs_clipped"])])
     n_sl = len(base["slices"]["psnr"])
@@ -251,20 +266,26 @@ def report(res: dict, secs: dict, cases: list[dict], args, budget: str) -> tuple
             f"PSNR - 3-D, per hole slice (n={n_sl})", "SSIM - 3-D, per hole slice", "s / case"]
     model_head = ["method", "PSNR - clipped 3-D, per case", "SSIM - clipped 3-D, per case",
                   "PSNR - clipped 3-D, per hole slice", "SSIM - clipped 3-D, per hole slice"]
+    contrast = {f"{a} - {b}": pairs_to(res[a], res[b]) for a, b in contrasts}
+    contrast_table = ["Paired differences between fills (a - b):", "",
+                      md_table(["a - b", "PSNR, per case", "SSIM, per case", "PSNR, per hole slice",
+                                "SSIM, per hole slice"], [[k, *_diff_cells(v)] for k, v in contrast.items()]),
+                      ""] if contrast else []
     case_rows = [[c["name"], f"{c['brain_share']:.1%}", c["voxels"], f"{c['z'][0]}-{c['z'][1]}"] for c in cases]
     md = "\n".join([
         f"# BraTS fills at native resolution ({args.split} zone)", "",
         f"`{command_line('brats_native.py')}` on {cpu_model()}.", "",
-        f"Model: {budget}. Fill: `sample.py --brats --samples {args.samples} --reduce mean`.", "",
+        f"Models: {budget}. Fill: `sample.py --brats --samples {args.samples} --reduce mean`.", "",
         md_table(head, rows), "",
         "Organisers' metrics (`python -m imggen.eval brats`: sagittal SSIM planes, PSNR with data range 1), mean "
         "over cases; paired differences to 3-D biharmonic with 95% bootstrap intervals over cases and over hole "
         "slices (axial, the organisers' normalisation).", "",
-        f"The model's part: each imggen fill against `{CLIPPED}` (the same fill without the model: the 3-D fill "
-        "of the volume clipped to its brain's 0.5-99.5 percentiles, the intensities the model reads).", "",
-        md_table(model_head, model_rows), "",
+        f"The model's part: each imggen (and regression) fill against `{CLIPPED}` (the same fill without the model: "
+        "the 3-D fill of the volume clipped to its brain's 0.5-99.5 percentiles, the intensities the model reads).",
+        "",
+        md_table(model_head, model_rows), "", *contrast_table,
         md_table(["case", "hole (share of the brain)", "voxels", "axial slices"], case_rows)])
-    return md, {"results": res, "paired": pairs, "seconds": secs, "cases": cases}
+    return md, {"results": res, "paired": pairs, "contrasts": contrast, "seconds": secs, "cases": cases}
 
 
 def main(argv=None) -> int:
@@ -275,6 +296,8 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=8, help="K draws per slice, reduced by their mean")
     ap.add_argument("--variants", nargs="*", choices=[v[0] for v in VARIANTS],
                     help="also these fills of imggen.volumes (Python; no names: all)")
+    ap.add_argument("--compare", nargs="+", default=[], metavar="RUN",
+                    help="other models' run folders, each filled by the same command and paired with --checkpoint's")
     ap.add_argument("--work", default="runs/brats_native")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--stem", default="brats_native")
@@ -298,13 +321,24 @@ def main(argv=None) -> int:
     secs[CLIPPED] = python_fill(model, cases_dir, dirs[CLIPPED], 1, weight=0.0)
     print("baselines written", flush=True)
     secs["imggen"] = cli_fill(args.checkpoint, cases_dir, dirs["imggen"], args.samples)
+    contrasts = []
+    for i, other in enumerate(args.compare):
+        name = f"imggen, {Path(other).name}"
+        dirs[name] = pred / f"compare-{i}"
+        secs[name] = cli_fill(other, cases_dir, dirs[name], args.samples)
+        contrasts.append(("imggen", name))
     for key, name, folder, kw in VARIANTS:
         if key in (args.variants or ()):
             dirs[name] = pred / folder
             secs[name] = python_fill(model, cases_dir, dirs[name], args.samples, **kw)
-    run = load_run(args.checkpoint)
+    if model.config.context_fill == "regress":
+        for name, folder, kw in REGRESSION:
+            dirs[name] = pred / folder
+            secs[name] = python_fill(model, cases_dir, dirs[name], 1, **kw)
+            contrasts.append(("imggen", name))
     from inpaint import budget as run_budget
-    md, data = report(score(dirs, cases_dir), secs, cases, args, run_budget(run))
+    budgets = "; ".join(f"{Path(r).name}: {run_budget(load_run(r))}" for r in [args.checkpoint, *args.compare])
+    md, data = report(score(dirs, cases_dir), secs, cases, args, budgets, contrasts)
     write_results(args.out, args.stem, data, md)
     print(md)
     return 0

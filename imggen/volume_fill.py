@@ -20,6 +20,7 @@ from tqdm import tqdm
 from imggen.errors import ConfigError
 
 METHODS = ("correct", "replace")  # fill_volume: the 3-D biharmonic fill + the model's correction, or the model's fill
+SOURCES = ("model", "regressor")  # corrections: the model's draws, or (context_fill regress) its regressor's one fill
 TAPER_MM = 3.0  # edge_taper: the correction reaches full weight this far inside the hole
 SMOOTH_MM = 2.0  # fill_volume: the correction is smoothed across slices (Gaussian sigma, mm along z) ...
 WEIGHT = 0.25  # ... and weighed (both chosen on 8 val cases at 240x240x155: bench/brats_correction.py)
@@ -83,7 +84,8 @@ class Corrections:
 
 def corrections(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples: int = 1, rank: int = 1,
                 seed: int = 0, batch_size: int = 16, progress: str | None = None, file="volume",
-                method: str = "correct", spacing=(1.0, 1.0, 1.0), channel: str = "auto", **kw) -> Corrections:
+                method: str = "correct", spacing=(1.0, 1.0, 1.0), channel: str = "auto", source: str = "model",
+                **kw) -> Corrections:
     """The model's K draws for every hole slice of a RAS volume (X, Y, Z; a non-empty mask), resized to the
     slice grid: for method "correct", each draw minus the native 3-D fill (both on the model's grid, where
     the model filled); for "replace" the draws themselves. A 2.5-D context model (model.context_slices = s)
@@ -91,15 +93,29 @@ def corrections(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples:
     classic-fill context channel: "volume" gives it the volume's native 3-D fill resized to its grid,
     "grid" the 3-D fill of the hole's slices resized to its grid (as BraTS folders' training fills
     are made; measured: no better, bench/brats_correction.py --channel grid), "slice" the 2-D fill of the
-    slice; "auto" is "volume" for model.context_fill "biharmonic3d", else "slice"."""
+    slice; "auto" is "volume" for model.context_fill "biharmonic3d", else "slice" (a context_fill regress
+    model's channel is its regressor's fill of the slice: "slice" only). `source` "regressor" (context_fill
+    regress models): the model's regressor alone fills each slice, one deterministic draw (samples 1),
+    so the regression is scored through the same resize, correction and taper as the model."""
     from imggen.classic import biharmonic
     from imggen.datasets.brats import image_to_ras_slice, intensity_range, ras_slice_to_image
     from imggen.sampling import inpaint_images
 
     if method not in METHODS:
         raise ConfigError(f"fill method {method!r}; use {' or '.join(METHODS)}")
+    if source not in SOURCES:
+        raise ConfigError(f"fill source {source!r}; use {' or '.join(SOURCES)}")
+    regress = model.config.context_fill == "regress"
+    if source == "regressor" and not regress:
+        raise ConfigError("source 'regressor' fills with a context_fill regress model's regressor; this model has "
+                          f"context_fill {model.config.context_fill!r}")
     if channel == "auto":
         channel = "volume" if model.config.context_fill == "biharmonic3d" else "slice"
+    if regress and channel != "slice":
+        raise ConfigError(f"channel {channel!r}: a context_fill regress model's fill channel is its regressor's fill of "
+                          "each slice; use channel 'slice' (or 'auto')")
+    if source == "regressor" and samples:
+        samples = 1  # the regression is deterministic: one draw
     lo, hi = intensity_range(np.where(mask_ras, 0.0, values_ras), file)
     norm = np.clip((values_ras - lo) / (hi - lo), 0.0, 1.0) * 255.0
     base = biharmonic(norm, mask_ras, spacing) if method == "correct" or channel == "volume" else None
@@ -147,8 +163,13 @@ def corrections(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples:
                 torch.from_numpy(np.stack([np.stack([(n or zero)[1] for n in row]) for row in near])), fills)
         elif fills is not None and model.context is not None:
             context = model.make_context(images, masks, fills)
-        filled, _ = inpaint_images(model, images, masks, num=samples, rank=rank, seed=chunk_seed,
-                                   batch_size=batch_size, context=context, **kw)
+        if source == "regressor":  # (B, 1, C, H, W): the regression's fill as the one draw
+            from imggen.inpainting.regress import predict
+
+            filled = torch.from_numpy(predict(model.regressor, images, masks, batch_size))[:, None]
+        else:
+            filled, _ = inpaint_images(model, images, masks, num=samples, rank=rank, seed=chunk_seed,
+                                       batch_size=batch_size, context=context, **kw)
         filled = filled.float().mean(2).numpy()  # (B, K, H, W): channels of a replicated slice averaged
         for k, draws, (_, unknown) in zip(chunk, filled, ins):
             if method == "correct":  # the draws' difference to the 3-D fill, where the model filled
@@ -200,7 +221,7 @@ def fill_volume(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples:
     times `weight`, tapered to zero at the hole's edge (edge_taper), then reduced. Weight 0: the 3-D
     fill alone, in the percentile-clipped intensities the model reads (no draws). method "replace":
     the upsampled draws themselves. `kw`: `corrections`' (rank, seed, batch_size, progress, file,
-    channel) and the sampler's."""
+    channel, source) and the sampler's."""
     if not mask_ras.any():
         return np.zeros(mask_ras.shape), np.zeros(mask_ras.shape)
     if method == "correct" and weight == 0:

@@ -423,3 +423,64 @@ def test_grid_channel_is_the_3d_fill_of_the_resized_slices(tmp_path, monkeypatch
         assert np.array_equal(f[~unknown], img[0][~unknown].astype(np.float32))
         truth = _down(ras_slice_to_image(norm[:, :, k]), 8, 8)
         assert np.abs(f[unknown] - truth[unknown]).max() <= 1.5  # the channel is rounded to integers
+
+
+def regress_run(tmp_path):
+    """A random context_fill regress model (issue 55 item 3) with a non-trivial regressor, saved as a run."""
+    torch.manual_seed(0)
+    cfg = _model_cfg(fill="regress")
+    cfg.regress_width, cfg.regress_hidden = 8, 6
+    m = ImageTransformer(cfg).eval()
+    torch.nn.init.normal_(m.context.out.weight, std=0.5)
+    for p in m.regressor.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    run = tmp_path / "run-regress"
+    save_checkpoint(str(run), 1, m, Config(model=cfg, train=TrainConfig(task="inpaint")))
+    return str(run)
+
+
+def test_a_regression_channel_model_fills_volumes_and_its_regressor_alone_is_one_draw(tmp_path, capsys):
+    """A context_fill regress model at native resolution: sample.py --brats fills a case from its run folder
+    alone; corrections(source="regressor") is one draw per hole slice, the regressor's fill of the slice's
+    model inputs (slice_inputs) minus the 3-D fill there, resized back (a reference built by hand); the
+    combinations that cannot work are one ConfigError."""
+    from imggen.classic import biharmonic
+    from imggen.datasets.brats import image_to_ras_slice, intensity_range, ras_slice_to_image
+    from imggen.errors import ConfigError
+    from imggen.inpainting.regress import predict
+    from imggen.volume_fill import _down, corrections, fill_volume, slice_inputs
+
+    run = regress_run(tmp_path)
+    m = load_model(run, device="cpu")
+    rng = np.random.default_rng(3)
+    vol, mask = brain(rng).astype(np.float64), hole()
+    c = corrections(m, vol, mask, samples=4, source="regressor")
+    assert c.draws.shape[0] == 1  # deterministic: one draw whatever `samples` asks
+    lo, hi = intensity_range(np.where(mask, 0.0, vol), "volume")
+    norm = np.clip((vol - lo) / (hi - lo), 0, 1) * 255
+    base = biharmonic(norm, mask)
+    for k in c.ks:
+        img, unknown = slice_inputs(m, norm[:, :, k], mask[:, :, k])
+        pred = predict(m.regressor, img[None], unknown[None])[0, 0].astype(np.float32)
+        low = _down(ras_slice_to_image(base[:, :, k]), 8, 8)
+        want = image_to_ras_slice(np.where(unknown, pred - low, 0.0), vol.shape[:2])[c.box[0], c.box[1]]
+        np.testing.assert_allclose(c.draws[0, ..., k - c.ks[0]], want, atol=1e-3)
+    assert np.abs(c.draws).max() > 1.0
+    f0 = fill_volume(m, vol, mask, weight=0.0)[0]
+    f1, s1 = fill_volume(m, vol, mask, source="regressor", weight=1.0)
+    assert np.abs(f1 - f0)[mask].max() > 1e-3 * hi and (s1 == 0).all() and (f1[~mask] == 0).all()
+    for kw, msg in [(dict(channel="volume"), "use channel 'slice'"), (dict(source="regressor", channel="grid"),
+                    "use channel 'slice'"), (dict(source="ensemble"), "fill source 'ensemble'")]:
+        with pytest.raises(ConfigError, match=msg):
+            corrections(m, vol, mask, **kw)
+    with pytest.raises(ConfigError, match="context_fill regress model's regressor"):
+        corrections(load_model(random_run(tmp_path), device="cpu"), vol, mask, source="regressor")
+    make_case(tmp_path / "cases", "c1", rng, vol=vol.astype(np.float32), mask=mask)
+    rc, _, err = run_cli(capsys, "--checkpoint", run, "--brats", tmp_path / "cases", "--out", tmp_path / "pred",
+                         "--samples", 2, "--no-progress")
+    assert rc == 0, err
+    out = nib.load(str(tmp_path / "pred" / "c1-t1n-inference.nii.gz")).get_fdata()
+    voided = nib.load(str(tmp_path / "cases" / "c1" / "c1-t1n-voided.nii.gz")).get_fdata()
+    stored = nib.load(str(tmp_path / "cases" / "c1" / "c1-mask.nii.gz")).get_fdata() > 0
+    assert np.isfinite(out).all() and np.allclose(out[~stored], voided[~stored])
+    assert np.abs(out[stored]).min() > 0  # every hole voxel filled, none left at the voided zero

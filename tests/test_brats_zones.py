@@ -197,6 +197,16 @@ def test_report_gives_the_models_part_against_the_clipped_3d_fill():
     assert p["imggen"]["vs_clipped"]["per_case"]["psnr"]["mean"] == pytest.approx(0.5, abs=0.2)
     assert "vs_clipped" not in p[brats_native.CLIPPED]
     assert "PSNR - clipped 3-D, per case" in md and md.count("| imggen |") == 2
+    assert data["contrasts"] == {} and "a - b" not in md
+    # contrasts (--compare, the regression alone): a - b on the same cases and slices
+    r["regression alone, full correction"] = res(0.75)
+    md, data = brats_native.report(r, {k: [1.0] for k in r}, cases, SimpleNamespace(split="test", samples=2), "toy",
+                                   [("imggen", "regression alone, full correction")])
+    c = data["contrasts"]["imggen - regression alone, full correction"]
+    assert c["per_case"]["psnr"]["mean"] == pytest.approx(0.75, abs=0.2) and c["per_case"]["psnr"]["ci95"][0] > 0
+    assert c["per_slice"]["ssim"]["mean"] == pytest.approx(0.0075)
+    assert "| imggen - regression alone, full correction |" in md
+    assert data["paired"]["regression alone, full correction"]["vs_clipped"]["per_case"]["psnr"]["mean"] < 0
 
 
 def test_correction_sweep_scores_every_setting_of_one_case(tmp_path):
