@@ -99,6 +99,7 @@ def corrections(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples:
     so the regression is scored through the same resize, correction and taper as the model."""
     from imggen.classic import biharmonic
     from imggen.datasets.brats import image_to_ras_slice, intensity_range, ras_slice_to_image
+    from imggen.inpainting.regress import predict
     from imggen.sampling import inpaint_images
 
     if method not in METHODS:
@@ -164,8 +165,6 @@ def corrections(model, values_ras: np.ndarray, mask_ras: np.ndarray, *, samples:
         elif fills is not None and model.context is not None:
             context = model.make_context(images, masks, fills)
         if source == "regressor":  # (B, 1, C, H, W): the regression's fill as the one draw
-            from imggen.inpainting.regress import predict
-
             filled = torch.from_numpy(predict(model.regressor, images, masks, batch_size))[:, None]
         else:
             filled, _ = inpaint_images(model, images, masks, num=samples, rank=rank, seed=chunk_seed,

@@ -26,13 +26,18 @@ def _model_cfg(context="unet", size=8, fill="none"):
                        context_fill=fill, backend="cpu")
 
 
-def random_run(tmp_path, context="unet"):
+def random_run(tmp_path, context="unet", fill="none"):
     torch.manual_seed(0)
-    cfg = _model_cfg(context)
+    cfg = _model_cfg(context, fill=fill)
+    if fill == "regress":  # a small regressor inside the model (issue 55 item 3)
+        cfg.regress_width, cfg.regress_hidden = 8, 6
     m = ImageTransformer(cfg)
     if context != "none":  # a trained encoder: the fresh one is zero at its output
         torch.nn.init.normal_(m.context.out.weight, std=0.5)
-    run = tmp_path / f"run-{context}"
+    if m.regressor is not None:  # a non-trivial regression
+        for p in m.regressor.parameters():
+            torch.nn.init.normal_(p, std=0.3)
+    run = tmp_path / (f"run-{context}" if fill == "none" else f"run-{context}-{fill}")
     task = "generate" if context == "none" else "inpaint"
     save_checkpoint(str(run), 1, m, Config(model=cfg, train=TrainConfig(task=task)))
     return str(run)
@@ -425,20 +430,6 @@ def test_grid_channel_is_the_3d_fill_of_the_resized_slices(tmp_path, monkeypatch
         assert np.abs(f[unknown] - truth[unknown]).max() <= 1.5  # the channel is rounded to integers
 
 
-def regress_run(tmp_path):
-    """A random context_fill regress model (issue 55 item 3) with a non-trivial regressor, saved as a run."""
-    torch.manual_seed(0)
-    cfg = _model_cfg(fill="regress")
-    cfg.regress_width, cfg.regress_hidden = 8, 6
-    m = ImageTransformer(cfg).eval()
-    torch.nn.init.normal_(m.context.out.weight, std=0.5)
-    for p in m.regressor.parameters():
-        torch.nn.init.normal_(p, std=0.3)
-    run = tmp_path / "run-regress"
-    save_checkpoint(str(run), 1, m, Config(model=cfg, train=TrainConfig(task="inpaint")))
-    return str(run)
-
-
 def test_a_regression_channel_model_fills_volumes_and_its_regressor_alone_is_one_draw(tmp_path, capsys):
     """A context_fill regress model at native resolution: sample.py --brats fills a case from its run folder
     alone; corrections(source="regressor") is one draw per hole slice, the regressor's fill of the slice's
@@ -450,7 +441,7 @@ def test_a_regression_channel_model_fills_volumes_and_its_regressor_alone_is_one
     from imggen.inpainting.regress import predict
     from imggen.volume_fill import _down, corrections, fill_volume, slice_inputs
 
-    run = regress_run(tmp_path)
+    run = random_run(tmp_path, fill="regress")
     m = load_model(run, device="cpu")
     rng = np.random.default_rng(3)
     vol, mask = brain(rng).astype(np.float64), hole()
