@@ -248,3 +248,33 @@ def test_logits_stay_fp32_under_bf16_autocast():
     assert torch.equal(logits, model.head(model.ln_f(seen["h"].float())))
     with torch.no_grad():
         assert model(x).dtype == torch.float32  # and without autocast, as before
+
+
+def test_validation_runs_in_the_training_precision_and_the_test_in_fp32(tmp_path, monkeypatch):
+    """A bf16 run validates under bf16 autocast (cheaper validations inside a time budget) and scores
+    its test split in float32; the bf16 figure is near the float32 one of the same weights."""
+    import imggen.eval.bpd as bpd
+
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ("avx512_bf16",))
+    real, seen = bpd.token_bits_per_dim, []
+
+    def recorded(model, tokens, *a, **kw):
+        out = real(model, tokens, *a, **kw)
+        if torch.is_autocast_enabled("cpu"):
+            with torch.autocast("cpu", enabled=False):
+                ref = real(model, tokens, *a, **kw)
+            assert abs(out.mean() - ref.mean()) < 1e-2 * ref.mean()
+        seen.append((len(tokens), torch.is_autocast_enabled("cpu")))
+        return out
+
+    monkeypatch.setattr(bpd, "token_bits_per_dim", recorded)
+    cfg = run_cfg(steps=3, ckpt_every=3, attention="local2d,band")
+    cfg.train.precision = "bf16"
+    splits = synthetic_splits(cfg.model)
+    train(cfg, str(tmp_path / "run"), data=splits, progress=False)
+    *vals, test = seen  # the validations (eval_every 3: the one at step 3), then the test
+    assert vals and all(on for _, on in vals) and test == (len(splits["test"]), False)
+    seen.clear()
+    cfg.train.precision = "fp32"
+    train(cfg, str(tmp_path / "fp32"), data=splits, progress=False)
+    assert seen and not any(on for _, on in seen)
