@@ -124,6 +124,29 @@ def test_patterns_equal_time_table_reuses_scored_runs(tmp_path):
     assert "attention patterns at equal CPU time" in (out / "fashion_patterns.md").read_text()
 
 
+def test_lever_rows_of_one_shape_share_one_timing_and_the_base_is_the_tables_own(tmp_path, monkeypatch):
+    """Two rows that step the same model on the same batch (lr 4e-3, lr 1e-3) are timed once, so their
+    budgets differ only by what they change; a row of another shape is timed on its own. The tables'
+    base is the preset they were first measured with, whatever the preset is today."""
+    import moses_patterns
+    from test_idx import write_idx
+
+    base = fashion.row_config({})
+    assert (base.model.dim, base.model.layers, base.train.lr, base.train.ema) == (128, 6, 2e-3, 0.0)
+    assert fashion.row_config({"train.lr": 4e-3}).train.lr == 4e-3
+    assert "dim 128, 6 layers" in fashion.base_line()
+    times = iter([0.5, 0.25, 9.0])
+    monkeypatch.setattr(moses_patterns, "config_step_seconds", lambda *a: next(times))
+    write_idx(tmp_path / "idx", np.random.default_rng(0), n_train=40, n_test=6)
+    out, work = tmp_path / "out", tmp_path / "work"
+    fashion.main(["levers", "--work", str(work), "--minutes", "0.004", "--limit", "4", "--reps", "1",
+                  "--threads", "1", "--data", f"fashion-mnist:{tmp_path / 'idx'}", "--out", str(out),
+                  "--only", "lr 4e-3", "lr 1e-3", "dim 96 x 8"])
+    data = __import__("json").loads((out / "fashion_levers.json").read_text())
+    assert data["step_s"] == {"lr 4e-3": 0.5, "lr 1e-3": 0.5, "dim 96 x 8": 0.25}
+    assert [r[2] for r in data["rows"]] == [1, 1, 1]  # 0.24 s of budget: one step each
+
+
 # ------------------------------------------------------------------------------------- PixelCNN++
 def _tiny_pp(seed=0, **kw):
     from pixelcnnpp import PixelCNNPPConfig, PixelCNNPPModel
