@@ -330,7 +330,7 @@ PRESETS: dict[str, dict] = {
                     train=dict(steps=6500, batch_size=16, lr=4e-3, warmup=100, eval_every=1000, eval_images=1000,
                                ckpt_every=500, sample_num=16, ema=0.999),
                     data=dict(spec="fashion-mnist")),
-    # Fashion-MNIST inpainting: the `fashion` model with a context encoder, trained on the task's random
+    # Fashion-MNIST inpainting: the earlier `fashion` model (dim 128 x 6) with a context encoder, trained on the random
     # masks. Figures: bench/RESULTS.md section 16 (bench/fashion_inpaint.py: big held-out holes)
     "fashion-inpaint": dict(model=dict(height=28, width=28, channels=1, bits=8, dim=128, layers=6, heads=4,
                                        attention="local2d,band", radius=3, context="unet", context_width=64),
