@@ -258,7 +258,7 @@ def save(run: Run) -> None:
 def evaluate(run: Run, split: str, limit: int | None = None) -> float:
     """Bits/dim of a split, scored as the run's task says (inpainting: the unknown pixels under the
     split's fixed masks). Validation runs in the training's precision (bf16 autocast: 2.5x faster on
-    a bf16 CPU, within about 1e-4 bits/dim); the test figure is always float32."""
+    the Xeon of RESULTS 18); the test figure is always float32."""
     from imggen.eval.bpd import token_bits_per_dim
 
     cfg = run.cfg
