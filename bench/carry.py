@@ -38,16 +38,10 @@ def preset_with_average(name: str, ema: float, steps: int | None = None):
 
 
 def val_bits(model, cfg, splits, limit: int | None) -> np.ndarray:
-    """Per-image val bits/dim of `model`, as train.py's validation computes it, in float32."""
-    import torch
+    """Per-image val bits/dim of `model` by train.py's own scoring code, in float32."""
+    from imggen.training import split_bits
 
-    from imggen.eval.bpd import token_bits_per_dim
-    from imggen.inpainting.tasks import TASKS
-
-    tokens = splits["val"][:limit]
-    inputs = TASKS[cfg.train.task].eval_inputs(cfg, model, splits, "val", len(tokens))
-    with torch.no_grad():
-        return token_bits_per_dim(model, tokens, cfg.train.batch_size, inputs=inputs)
+    return split_bits(cfg, model, splits, "val", limit)
 
 
 def grid(model, cfg, path: str, num: int) -> str:

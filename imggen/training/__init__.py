@@ -259,13 +259,18 @@ def evaluate(run: Run, split: str, limit: int | None = None) -> float:
     """Bits/dim of a split, scored as the run's task says (inpainting: the unknown pixels under the
     split's fixed masks). Validation runs in the training's precision (bf16 autocast: 2.5x faster on
     the Xeon of RESULTS 18); the test figure is always float32."""
+    with autocast(run.device, run.cfg.train.precision if split == "val" else "fp32"):
+        return float(split_bits(run.cfg, run.model, run.splits, split, limit).mean())
+
+
+def split_bits(cfg: Config, model, splits: dict, split: str, limit: int | None = None) -> np.ndarray:
+    """Per-image bits/dim of a split's first `limit` images under `model`, scored as the task says, in the
+    caller's precision (evaluate's, and bench/carry.py's for weights other than the run's)."""
     from imggen.eval.bpd import token_bits_per_dim
 
-    cfg = run.cfg
-    tokens = run.splits[split][:limit]
-    inputs = TASKS[cfg.train.task].eval_inputs(cfg, run.model, run.splits, split, len(tokens))
-    with autocast(run.device, cfg.train.precision if split == "val" else "fp32"):
-        return float(token_bits_per_dim(run.model, tokens, cfg.train.batch_size, inputs=inputs).mean())
+    tokens = splits[split][:limit]
+    inputs = TASKS[cfg.train.task].eval_inputs(cfg, model, splits, split, len(tokens))
+    return token_bits_per_dim(model, tokens, cfg.train.batch_size, inputs=inputs)
 
 
 def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, device: str | None = None,
