@@ -39,7 +39,7 @@ def preset_with_average(name: str, ema: float, steps: int | None = None):
 
 def val_bits(model, cfg, splits, limit: int | None) -> np.ndarray:
     """Per-image val bits/dim of `model` by train.py's own scoring code, in float32."""
-    from imggen.training import split_bits
+    from imggen.training.batches import split_bits
 
     return split_bits(cfg, model, splits, "val", limit)
 

@@ -36,7 +36,7 @@ from imggen.model import ImageTransformer
 from imggen.precision import autocast, describe, resolve
 from imggen.storage import atomic_write_text
 from imggen.training.average import WeightAverage, averaged, load_trained
-from imggen.training.batches import batch_indices, load_data, unigram_bpd
+from imggen.training.batches import batch_indices, load_data, split_bits, unigram_bpd
 from imggen.training.runlock import RunLock
 from imggen.training.runlog import Logger, StopSignal, final_grid, final_metrics, sample_grid
 from imggen.training.stops import first_line as _first_line, lost_peer as _lost_peer, resume_hint as _resume_hint, \
@@ -256,21 +256,10 @@ def save(run: Run) -> None:
 
 
 def evaluate(run: Run, split: str, limit: int | None = None) -> float:
-    """Bits/dim of a split, scored as the run's task says (inpainting: the unknown pixels under the
-    split's fixed masks). Validation runs in the training's precision (bf16 autocast: 2.5x faster on
-    the Xeon of RESULTS 18); the test figure is always float32."""
+    """Bits/dim of a split as the task scores it (split_bits); validation in the training's precision (bf16
+    autocast: 2.5x faster on the Xeon of RESULTS 18), the test figure always in float32."""
     with autocast(run.device, run.cfg.train.precision if split == "val" else "fp32"):
         return float(split_bits(run.cfg, run.model, run.splits, split, limit).mean())
-
-
-def split_bits(cfg: Config, model, splits: dict, split: str, limit: int | None = None) -> np.ndarray:
-    """Per-image bits/dim of a split's first `limit` images under `model`, scored as the task says, in the
-    caller's precision (evaluate's, and bench/carry.py's for weights other than the run's)."""
-    from imggen.eval.bpd import token_bits_per_dim
-
-    tokens = splits[split][:limit]
-    inputs = TASKS[cfg.train.task].eval_inputs(cfg, model, splits, split, len(tokens))
-    return token_bits_per_dim(model, tokens, cfg.train.batch_size, inputs=inputs)
 
 
 def train(cfg: Config, out: str, resume: bool = False, overwrite: bool = False, device: str | None = None,

@@ -73,3 +73,12 @@ def unigram_bpd(tokens: torch.Tensor, vocab: int) -> float:
     p = counts[counts > 0] / counts.sum()
     return float(-(p * p.log2()).sum())
 
+
+def split_bits(cfg: Config, model, splits: dict, split: str, limit: int | None = None) -> np.ndarray:
+    """Per-image bits/dim of a split's first `limit` images (inpainting: the unknown pixels under the split's
+    fixed masks), in the caller's precision (evaluate's; bench/carry.py's for weights other than the run's)."""
+    from imggen.eval.bpd import token_bits_per_dim
+
+    tokens = splits[split][:limit]
+    inputs = TASKS[cfg.train.task].eval_inputs(cfg, model, splits, split, len(tokens))
+    return token_bits_per_dim(model, tokens, cfg.train.batch_size, inputs=inputs)
