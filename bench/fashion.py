@@ -10,7 +10,8 @@
 cosine to 0.1x, gradient clipping 1.0, bf16 autocast where imggen's `auto` picks it, the same batch
 order), for a wall-clock budget: the cosine runs over the budget's time, and snapshots are saved when
 the training time (saving excluded) passes each of --snapshots minutes. `score` computes every
-model's per-image test bits/dim with imggen.eval.bpd (the code that scores imggen models) and paired
+model's per-image test bits/dim with imggen.eval.bpd (the code that scores imggen models; read back from
+a test_bpd_N.npy beside the run or snapshot when it is newer than the weights) and paired
 95% bootstrap intervals of each difference, and writes the table to bench/results/fashion.{md,json}.
 """
 from __future__ import annotations
@@ -165,6 +166,19 @@ def paired(a, b, resamples: int = 2000, seed: int = 0) -> dict:
     return {"mean": float(d.mean()), "ci95": list(bootstrap_ci(d, resamples, seed))}
 
 
+def scored(cache: str, source: str, compute) -> np.ndarray:
+    """Per-image test bits/dim from `cache` (an .npy this code or the lever tables wrote) when it is newer than
+    `source` (a snapshot file, or a run's checkpoints folder and everything in it), else compute() saved there."""
+    newest = max((os.path.getmtime(os.path.join(d, f)) for d, _, fs in os.walk(source) for f in fs),
+                 default=os.path.getmtime(source)) if os.path.isdir(source) else os.path.getmtime(source)
+    if os.path.exists(cache) and os.path.getmtime(cache) > newest:
+        return np.load(cache)
+    v = np.asarray(compute(), np.float64)
+    np.save(cache + ".tmp.npy", v)
+    os.replace(cache + ".tmp.npy", cache)
+    return v
+
+
 def score(args, argv=None) -> None:
     import torch
 
@@ -177,12 +191,14 @@ def score(args, argv=None) -> None:
     for run in args.imggen:
         model = imggen.load_model(run).eval()
         name = f"imggen {os.path.basename(os.path.normpath(run))}"
-        per[name] = per_image_bits_per_dim(model, images, batch_size=64, progress=True)
+        per[name] = scored(os.path.join(run, f"test_bpd_{len(images)}.npy"), os.path.join(run, "checkpoints"),
+                           lambda: per_image_bits_per_dim(model, images, batch_size=64, progress=True))
         rows.append((name, model.config.attention, sum(p.numel() for p in model.parameters())))
     for path in sorted(args.pixelcnn_snapshots, key=lambda p: load_pixelcnn(p)[1]["minutes"]):
         model, state = load_pixelcnn(path)
         name = f"{KINDS[state.get('kind', 'gated')]}, {state['minutes']:g} min ({state['step']} steps)"
-        per[name] = per_image_bits_per_dim(model, images, batch_size=64, progress=True)
+        per[name] = scored(f"{path}.test_bpd_{len(images)}.npy", path,
+                           lambda: per_image_bits_per_dim(model, images, batch_size=64, progress=True))
         rows.append((name, "-", sum(p.numel() for p in model.parameters())))
     codecs = codec_bits(images)
     ref = rows[0][0] if rows else None

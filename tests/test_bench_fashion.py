@@ -202,3 +202,28 @@ def test_pixelcnnpp_budget_with_an_average_snapshots_the_average(tmp_path):
     assert type(model).__name__ == "PixelCNNPPModel"
     assert per_image_bits_per_dim(model, data).mean() < 8.0
     assert model.sample(2, seed=1).shape == (2, 1, 8, 8)
+
+
+def test_score_reads_back_per_image_figures_only_when_newer_than_the_weights(tmp_path):
+    snap = tmp_path / "pixelcnn_60min.pt"
+    snap.write_bytes(b"weights")
+    cache = str(snap) + ".test_bpd_4.npy"
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return [2.0, 3.0, 4.0, 5.0 + len(calls)]
+
+    first = fashion.scored(cache, str(snap), compute)
+    assert calls == [1] and first.tolist() == [2.0, 3.0, 4.0, 6.0] and os.path.exists(cache)
+    assert fashion.scored(cache, str(snap), compute).tolist() == first.tolist() and calls == [1]  # read back
+    os.utime(snap, (os.path.getmtime(cache) + 10,) * 2)  # new weights: the figures are stale
+    assert fashion.scored(cache, str(snap), compute).tolist() == [2.0, 3.0, 4.0, 7.0] and calls == [1, 1]
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_1").mkdir(parents=True)
+    (run / "checkpoints" / "step_1" / "model.safetensors").write_bytes(b"w")
+    cache = str(run / "test_bpd_4.npy")
+    fashion.scored(cache, str(run / "checkpoints"), compute)
+    os.utime(run / "checkpoints" / "step_1" / "model.safetensors", (os.path.getmtime(cache) + 10,) * 2)
+    fashion.scored(cache, str(run / "checkpoints"), compute)  # a newer checkpoint inside the folder counts
+    assert len(calls) == 4
