@@ -169,9 +169,8 @@ def paired(a, b, resamples: int = 2000, seed: int = 0) -> dict:
 def scored(cache: str, source: str, compute) -> np.ndarray:
     """Per-image test bits/dim from `cache` (an .npy this code or the lever tables wrote) when it is newer than
     `source` (a snapshot file, or a run's checkpoints folder and everything in it), else compute() saved there."""
-    newest = max((os.path.getmtime(os.path.join(d, f)) for d, _, fs in os.walk(source) for f in fs),
-                 default=os.path.getmtime(source)) if os.path.isdir(source) else os.path.getmtime(source)
-    if os.path.exists(cache) and os.path.getmtime(cache) > newest:
+    files = [os.path.join(d, f) for d, _, fs in os.walk(source) for f in fs] or [source]  # a file walks to nothing
+    if os.path.exists(cache) and os.path.getmtime(cache) > max(map(os.path.getmtime, files)):
         return np.load(cache)
     v = np.asarray(compute(), np.float64)
     np.save(cache + ".tmp.npy", v)
@@ -194,8 +193,8 @@ def score(args, argv=None) -> None:
         per[name] = scored(os.path.join(run, f"test_bpd_{len(images)}.npy"), os.path.join(run, "checkpoints"),
                            lambda: per_image_bits_per_dim(model, images, batch_size=64, progress=True))
         rows.append((name, model.config.attention, sum(p.numel() for p in model.parameters())))
-    for path in sorted(args.pixelcnn_snapshots, key=lambda p: load_pixelcnn(p)[1]["minutes"]):
-        model, state = load_pixelcnn(path)
+    snapshots = [(path, *load_pixelcnn(path)) for path in args.pixelcnn_snapshots]
+    for path, model, state in sorted(snapshots, key=lambda s: s[2]["minutes"]):
         name = f"{KINDS[state.get('kind', 'gated')]}, {state['minutes']:g} min ({state['step']} steps)"
         per[name] = scored(f"{path}.test_bpd_{len(images)}.npy", path,
                            lambda: per_image_bits_per_dim(model, images, batch_size=64, progress=True))
